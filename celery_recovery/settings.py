@@ -1,0 +1,262 @@
+"""The ``recovery_*`` settings: definitions, defaults, parsing and validation.
+
+Settings are read once per app from ``app.conf``; an environment variable
+``CELERY_RECOVERY_<NAME>`` overrides the app's value, and keyword arguments to
+:class:`~celery_recovery.Recovery` override both.  Each definition carries its
+own documentation so the configuration reference can be generated from it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any
+
+from .errors import ConfigurationError
+from .urls import mask_url, normalise_database_url
+
+PREFIX = "recovery_"
+ENV_PREFIX = "CELERY_RECOVERY_"
+
+#: Embedded store used when no URL is configured: a file in the working directory.
+DEFAULT_DATABASE_URL = "sqlite:///celery_recovery.sqlite3"
+#: Seconds between two heartbeats of a participating process.
+DEFAULT_HEARTBEAT_INTERVAL = 5.0
+#: Heartbeat age, in seconds, after which a running task's worker counts as dead.
+DEFAULT_ZOMBIE_THRESHOLD = 30.0
+#: Heartbeat age, in seconds, after which a beat or triggerer counts as dead.
+DEFAULT_HEALTH_CHECK_THRESHOLD = 30.0
+#: Seconds between two sweeps run by beat.
+DEFAULT_SWEEP_INTERVAL = 5.0
+#: Age, in seconds, at which a queued task no worker has started counts as lost.
+DEFAULT_QUEUED_TIMEOUT = 600.0
+#: Seconds an adopted task that the backend reports PENDING may stay unstarted.
+DEFAULT_ADOPTION_TIMEOUT = 600.0
+
+#: A zombie threshold must cover at least this many heartbeat intervals, or one
+#: late heartbeat (a GC pause, a slow commit) would declare a live worker dead.
+MIN_HEARTBEATS_PER_THRESHOLD = 3
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """How one setting is named, parsed and documented."""
+
+    name: str
+    default: Any
+    parse: Callable[[str, Any], Any]
+    doc: str
+    unit: str = ""
+
+    @property
+    def conf_key(self) -> str:
+        return PREFIX + self.name
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _duration(key: str, value: Any) -> float:
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, bool):
+        raise ConfigurationError(
+            f"{key}={value!r} is not a duration; give seconds (a positive number) or a timedelta"
+        )
+    elif isinstance(value, int | float):
+        result = float(value)
+    elif isinstance(value, str):
+        try:
+            result = float(value.strip())
+        except ValueError:
+            raise ConfigurationError(
+                f"{key}={value!r} is not a duration; give seconds as a positive number"
+            ) from None
+    else:
+        raise ConfigurationError(
+            f"{key}={value!r} is not a duration; give seconds (a positive number) or a timedelta"
+        )
+    if not result > 0 or result != result or result == float("inf"):
+        raise ConfigurationError(f"{key}={value!r} must be a positive, finite number of seconds")
+    return result
+
+
+def _database_url(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(
+            f"{key}={value!r} must be a database URL string, e.g. "
+            "'postgresql+psycopg://user@host/dbname' or 'sqlite:///celery_recovery.sqlite3'"
+        )
+    return normalise_database_url(value.strip(), key).render_as_string(hide_password=False)
+
+
+def _redis_url(key: str, value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigurationError(
+            f"{key}={mask_url(str(value))!r} must be a Redis URL "
+            "(redis://, rediss:// or unix://), or unset to use the broker URL when it is Redis"
+        )
+    return value
+
+
+SETTINGS: tuple[SettingSpec, ...] = (
+    SettingSpec(
+        "database_url",
+        DEFAULT_DATABASE_URL,
+        _database_url,
+        "Metadata store. SQLite (embedded, one machine) or PostgreSQL "
+        "(`postgresql+psycopg://...`, for several hosts).",
+    ),
+    SettingSpec(
+        "redis_url",
+        None,
+        _redis_url,
+        "Redis used for idempotency locks. Defaults to the broker URL when the broker is Redis.",
+    ),
+    SettingSpec(
+        "heartbeat_interval",
+        DEFAULT_HEARTBEAT_INTERVAL,
+        _duration,
+        "How often each worker process, beat and triggerer refreshes its job heartbeat.",
+        "s",
+    ),
+    SettingSpec(
+        "zombie_threshold",
+        DEFAULT_ZOMBIE_THRESHOLD,
+        _duration,
+        "Heartbeat age that makes a running task a zombie. At least "
+        f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals.",
+        "s",
+    ),
+    SettingSpec(
+        "health_check_threshold",
+        DEFAULT_HEALTH_CHECK_THRESHOLD,
+        _duration,
+        "Heartbeat age that makes a beat or triggerer dead. At least "
+        f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals.",
+        "s",
+    ),
+    SettingSpec(
+        "sweep_interval",
+        DEFAULT_SWEEP_INTERVAL,
+        _duration,
+        "How often beat runs the recovery sweeps. At most the zombie threshold.",
+        "s",
+    ),
+    SettingSpec(
+        "queued_timeout",
+        DEFAULT_QUEUED_TIMEOUT,
+        _duration,
+        "Age at which a queued task that no worker has started counts as lost.",
+        "s",
+    ),
+    SettingSpec(
+        "adoption_timeout",
+        DEFAULT_ADOPTION_TIMEOUT,
+        _duration,
+        "How long an adopted task that the result backend reports PENDING may stay unstarted.",
+        "s",
+    ),
+)
+
+_SPECS = {spec.name: spec for spec in SETTINGS}
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """The validated settings of one app. Durations are in seconds."""
+
+    database_url: str = field(default=DEFAULT_DATABASE_URL, repr=False)
+    redis_url: str | None = field(default=None, repr=False)
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    zombie_threshold: float = DEFAULT_ZOMBIE_THRESHOLD
+    health_check_threshold: float = DEFAULT_HEALTH_CHECK_THRESHOLD
+    sweep_interval: float = DEFAULT_SWEEP_INTERVAL
+    queued_timeout: float = DEFAULT_QUEUED_TIMEOUT
+    adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
+
+    def __post_init__(self) -> None:
+        _check_relations(self)
+
+    @property
+    def masked_database_url(self) -> str:
+        return mask_url(self.database_url)
+
+    @classmethod
+    def from_sources(
+        cls,
+        conf: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        broker_url: str | None = None,
+    ) -> RecoverySettings:
+        """Build settings from an app's conf, the environment and explicit overrides.
+
+        Later sources win: ``conf`` < ``environ`` < ``overrides``.  Unknown
+        ``recovery_*`` names are refused with the nearest known name.
+        """
+        raw: dict[str, tuple[str, Any]] = {}
+        for key, value in (conf or {}).items():
+            lowered = key.lower()
+            if lowered.startswith(PREFIX):
+                raw[_known(lowered[len(PREFIX) :], key)] = (key, value)
+        for key, value in (environ if environ is not None else os.environ).items():
+            if key.startswith(ENV_PREFIX):
+                raw[_known(key[len(ENV_PREFIX) :].lower(), key)] = (key, value)
+        for key, value in (overrides or {}).items():
+            name = _known(key[len(PREFIX) :] if key.startswith(PREFIX) else key, key)
+            raw[name] = (_SPECS[name].conf_key, value)
+
+        values = {name: _SPECS[name].parse(key, value) for name, (key, value) in raw.items()}
+        if (
+            values.get("redis_url") is None
+            and broker_url
+            and broker_url.startswith(("redis://", "rediss://"))
+        ):
+            values["redis_url"] = broker_url
+        return cls(**values)
+
+    @classmethod
+    def from_app(cls, app: Any, **overrides: Any) -> RecoverySettings:
+        """Settings of a Celery app (``app.conf``), the environment and ``overrides``."""
+        conf = app.conf
+        keys = [k for k in conf if k.lower().startswith(PREFIX)]
+        broker = conf.broker_url or ""
+        return cls.from_sources({k: conf[k] for k in keys}, None, overrides, broker)
+
+
+def _known(name: str, key: str) -> str:
+    if name in _SPECS:
+        return name
+    close = difflib.get_close_matches(name, list(_SPECS), n=1, cutoff=0.6)
+    hint = f"; did you mean {_SPECS[close[0]].conf_key!r}?" if close else ""
+    allowed = ", ".join(spec.conf_key for spec in SETTINGS)
+    raise ConfigurationError(f"unknown setting {key!r}{hint} (known settings: {allowed})")
+
+
+def _check_relations(s: RecoverySettings) -> None:
+    for f in fields(s):
+        spec = _SPECS[f.name]
+        if spec.parse is _duration:
+            _duration(spec.conf_key, getattr(s, f.name))
+    floor = MIN_HEARTBEATS_PER_THRESHOLD * s.heartbeat_interval
+    for name in ("zombie_threshold", "health_check_threshold"):
+        value = getattr(s, name)
+        if value < floor:
+            raise ConfigurationError(
+                f"{PREFIX}{name}={value:g}s is shorter than {MIN_HEARTBEATS_PER_THRESHOLD} "
+                f"heartbeat intervals ({PREFIX}heartbeat_interval={s.heartbeat_interval:g}s, "
+                f"so at least {floor:g}s): one late heartbeat would declare a live process dead"
+            )
+    if s.sweep_interval > s.zombie_threshold:
+        raise ConfigurationError(
+            f"{PREFIX}sweep_interval={s.sweep_interval:g}s is longer than "
+            f"{PREFIX}zombie_threshold={s.zombie_threshold:g}s: zombies would wait longer than "
+            "the threshold promises; use a sweep interval at most the zombie threshold"
+        )

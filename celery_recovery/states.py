@@ -1,0 +1,39 @@
+"""States of task tries and jobs, and the kinds of job."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    """State of one try of a task (one row of ``task_records``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DEFERRED = "deferred"
+    UP_FOR_RETRY = "up_for_retry"
+    SUCCESS = "success"
+    FAILED = "failed"
+    REVOKED = "revoked"
+
+
+#: A try in one of these states will not change again on its own.
+FINISHED_TASK_STATES = frozenset(
+    {TaskState.UP_FOR_RETRY, TaskState.SUCCESS, TaskState.FAILED, TaskState.REVOKED}
+)
+
+
+class JobState(StrEnum):
+    """State of a participating process (one row of ``jobs``)."""
+
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+class JobType(StrEnum):
+    """What kind of process a job is."""
+
+    WORKER = "worker"
+    BEAT = "beat"
+    TRIGGERER = "triggerer"

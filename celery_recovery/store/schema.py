@@ -1,0 +1,188 @@
+"""The metadata store's tables.
+
+``task_records`` holds one row per task id and try; a try's primary key never
+changes, so retries add rows and history stays intact.  Partial indexes cover
+the sweeps' hot lookups (running tries by job, queued tries by age) so they
+never scan finished history.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.json import loads as kombu_loads
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.types import TypeDecorator
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+#: JSONB on PostgreSQL, JSON text elsewhere.
+Json = JSON().with_variant(JSONB(), "postgresql")
+#: 64-bit ids on PostgreSQL; SQLite's INTEGER PRIMARY KEY is already 64-bit and autoincrements.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class EncodedJSON(str):
+    """A JSON document already encoded (in kombu's encoding), stored as it is."""
+
+
+class MessageJSON(TypeDecorator[Any]):
+    """Message payloads as JSON text in kombu's encoding.
+
+    Text rather than JSONB: payloads are written on the hot path and read
+    back whole, so the server never needs to parse them.  Dates, UUIDs and
+    decimals round-trip as they do through Celery's JSON serializer.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        if value is None or isinstance(value, EncodedJSON):
+            return value
+        return kombu_dumps(value)
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else kombu_loads(value)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r} given to the store; use aware UTC")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(32), primary_key=True, comment="Random hex id made by the process"),
+    Column("job_type", String(16), nullable=False),
+    Column("hostname", String(255), nullable=False, comment="Machine host name"),
+    Column("node_name", String(255), comment="Celery node name, e.g. celery@host"),
+    Column("pid", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("start_date", UTCDateTime, nullable=False),
+    Column("end_date", UTCDateTime),
+    Column("latest_heartbeat", UTCDateTime, nullable=False),
+    Index(
+        "ix_jobs_live",
+        "job_type",
+        "latest_heartbeat",
+        postgresql_where=text("state = 'running'"),
+        sqlite_where=text("state = 'running'"),
+    ),
+)
+
+task_records = Table(
+    "task_records",
+    metadata,
+    Column("task_id", String(255), primary_key=True),
+    Column("try_number", Integer, primary_key=True, comment="Celery retries + 1"),
+    Column("task_name", String(255), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("queue", String(255)),
+    Column("exchange", String(255)),
+    Column("routing_key", String(255)),
+    Column("priority", Integer),
+    Column("args", MessageJSON),
+    Column("kwargs", MessageJSON),
+    Column("headers", MessageJSON, comment="Message headers needed to publish the task again"),
+    Column("options", MessageJSON, comment="Linked callbacks, chain and chord of the message"),
+    Column("republishable", Boolean, nullable=False, server_default=text("true")),
+    Column("republish_error", Text, comment="Why the task cannot be published again"),
+    Column("eta", UTCDateTime),
+    Column("expires", UTCDateTime),
+    Column("job_id", String(32), comment="jobs.id of the process running this try"),
+    Column("worker_hostname", String(255)),
+    Column("worker_pid", Integer),
+    Column("external_executor_id", String(255), comment="Celery task id to probe the backend"),
+    Column("queued_at", UTCDateTime),
+    Column("started_at", UTCDateTime),
+    Column("ended_at", UTCDateTime),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("state_reason", Text, comment="Why the try reached its state"),
+    Column("error", Text),
+    Column("publish_count", Integer, nullable=False, server_default=text("1")),
+    Column("adopted_until", UTCDateTime),
+    Index(
+        "ix_task_records_running_job",
+        "job_id",
+        postgresql_where=text("state = 'running'"),
+        sqlite_where=text("state = 'running'"),
+    ),
+    Index(
+        "ix_task_records_queued_at",
+        "queued_at",
+        postgresql_where=text("state = 'queued'"),
+        sqlite_where=text("state = 'queued'"),
+    ),
+    Index("ix_task_records_ended_at", "ended_at"),
+)
+
+triggers = Table(
+    "triggers",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("classpath", String(1000), nullable=False),
+    Column("kwargs", Json, nullable=False),
+    Column("task_id", String(255), nullable=False),
+    Column("try_number", Integer, nullable=False),
+    Column("method_name", String(255)),
+    Column("method_kwargs", Json),
+    Column("queue", String(255)),
+    Column("timeout_at", UTCDateTime),
+    Column("triggerer_id", String(32), comment="jobs.id of the triggerer running it"),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_triggers_triggerer_id", "triggerer_id"),
+    Index("ix_triggers_task", "task_id", "try_number"),
+)
+
+callbacks = Table(
+    "callbacks",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("task_id", String(255), nullable=False),
+    Column("try_number", Integer, nullable=False),
+    Column("kind", String(16), nullable=False, comment="failure or retry"),
+    Column("payload", Json, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("claimed_by", String(64)),
+    Column("claimed_until", UTCDateTime),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Index("ix_callbacks_claimed_until", "claimed_until"),
+)
