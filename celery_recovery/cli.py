@@ -1,0 +1,158 @@
+"""The ``celery-recovery`` command, also available as ``celery -A proj recovery``.
+
+Examples::
+
+    celery-recovery --app proj.celery:app db upgrade
+    celery -A proj recovery db current
+    CELERY_RECOVERY_DATABASE_URL=postgresql+psycopg://db/recovery celery-recovery db upgrade
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .errors import RecoveryError
+from .settings import RecoverySettings
+from .store import Store
+from .store.engine import create_store_engine
+from .store.migrate import current_revision, head_revision, upgrade
+from .urls import mask_secrets, mask_url
+
+
+class CLIError(click.ClickException):
+    """A user error: one line on stderr and exit status 2."""
+
+    exit_code = 2
+
+
+def _load_app(spec: str) -> Any:
+    from celery.app.utils import find_app
+
+    try:
+        return find_app(spec)
+    except (ImportError, AttributeError, ModuleNotFoundError) as exc:
+        raise click.BadParameter(f"cannot import app {spec!r}: {exc}", param_hint="--app") from None
+
+
+def _settings(ctx: click.Context) -> RecoverySettings:
+    options = ctx.find_root().meta.setdefault("celery_recovery", {})
+    if "settings" in options:
+        return options["settings"]
+    app = options.get("app")
+    overrides = {"database_url": options["database_url"]} if options.get("database_url") else {}
+    try:
+        if app is not None:
+            settings = RecoverySettings.from_app(app, **overrides)
+        else:
+            settings = RecoverySettings.from_sources(overrides=overrides)
+    except RecoveryError as exc:
+        raise CLIError(str(exc)) from None
+    options["settings"] = settings
+    return settings
+
+
+@click.group(name="recovery")
+@click.option(
+    "-A",
+    "--app",
+    "app_spec",
+    envvar="CELERY_APP",
+    metavar="MODULE[:APP]",
+    help="The Celery app whose recovery_* settings to use (as for `celery -A`).",
+)
+@click.option(
+    "--database-url",
+    envvar="CELERY_RECOVERY_DATABASE_URL",
+    metavar="URL",
+    help="The metadata store; overrides the app's recovery_database_url.",
+)
+@click.pass_context
+def recovery(ctx: click.Context, app_spec: str | None, database_url: str | None) -> None:
+    """Operate celery-recovery: migrate its store and inspect what it recorded.
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app db upgrade
+    """
+    app = None
+    celery_ctx = ctx.obj
+    if app_spec:
+        app = _load_app(app_spec)
+    elif celery_ctx is not None and getattr(celery_ctx, "app", None) is not None:
+        app = celery_ctx.app
+    ctx.find_root().meta["celery_recovery"] = {"app": app, "database_url": database_url}
+
+
+@recovery.group()
+def db() -> None:
+    """Manage the metadata store's schema.
+
+    \b
+    Example:
+      celery-recovery db upgrade
+    """
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target schema revision.")
+@click.pass_context
+def db_upgrade(ctx: click.Context, revision: str) -> None:
+    """Create or migrate the store's tables to this version of the package.
+
+    \b
+    Example:
+      celery-recovery --database-url postgresql+psycopg://db/recovery db upgrade
+    """
+    settings = _settings(ctx)
+    engine = create_store_engine(settings.database_url, for_migrations=True)
+    try:
+        before = current_revision(engine)
+        upgrade(engine, revision)
+        after = current_revision(engine)
+    except Exception as exc:
+        raise CLIError(
+            f"db upgrade failed on {mask_url(settings.database_url)}: "
+            f"{mask_secrets(_first_line(exc))}"
+        ) from None
+    finally:
+        engine.dispose()
+    click.echo(f"{mask_url(settings.database_url)}: schema {before or 'none'} -> {after}")
+
+
+@db.command("current")
+@click.pass_context
+def db_current(ctx: click.Context) -> None:
+    """Print the store's schema revision and whether it is up to date (exit 1 if not).
+
+    \b
+    Example:
+      celery-recovery db current
+    """
+    settings = _settings(ctx)
+    store = Store(settings.database_url)
+    try:
+        current = current_revision(store.engine)
+    except Exception as exc:
+        raise CLIError(
+            f"cannot read {mask_url(settings.database_url)}: {mask_secrets(_first_line(exc))}"
+        ) from None
+    finally:
+        store.dispose()
+    head = head_revision()
+    state = "up to date" if current == head else f"needs upgrade to {head}"
+    click.echo(f"{mask_url(settings.database_url)}: schema {current or 'none'} ({state})")
+    if current != head:
+        sys.exit(1)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def main() -> None:
+    """Entry point of the ``celery-recovery`` console script."""
+    recovery(prog_name="celery-recovery")

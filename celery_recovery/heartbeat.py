@@ -1,0 +1,98 @@
+"""The per-process heartbeat thread that keeps a job's ``latest_heartbeat`` fresh.
+
+One daemon thread per participating process (not per task) inserts the job
+row, then refreshes it every ``recovery_heartbeat_interval`` seconds.  While
+the store is failing it backs off with the process's :class:`StoreHealth`
+and keeps trying; the user's tasks never wait for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .errors import StoreError
+from .health import StoreHealth
+from .states import JobState
+from .store import Store
+from .timeutils import utcnow
+
+logger = logging.getLogger("celery_recovery.heartbeat")
+
+
+class HeartbeatThread(threading.Thread):
+    """Registers one job and beats for it until stopped."""
+
+    def __init__(
+        self,
+        store: Store,
+        health: StoreHealth,
+        job: dict[str, Any],
+        interval: float,
+        on_beat: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name=f"celery-recovery-heartbeat-{job['job_type']}", daemon=True)
+        self.store = store
+        self.health = health
+        self.job = job
+        self.interval = interval
+        self.on_beat = on_beat
+        self._stop_event = threading.Event()
+        self._registered = False
+        #: Heartbeats written; read by tests and metrics.
+        self.beats = 0
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job["id"])
+
+    def run(self) -> None:
+        while True:
+            if self.health.available():
+                self._beat()
+            if self.on_beat is not None:
+                self.on_beat()
+            if self._stop_event.wait(self.interval):
+                return
+
+    def stop(self, state: JobState = JobState.SUCCESS, timeout: float = 5.0) -> None:
+        """Stop beating and record how the job ended (best effort)."""
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+        if not self._registered:
+            return
+        try:
+            self.store.end_job(self.job_id, state, utcnow())
+        except StoreError as exc:
+            logger.info("celery-recovery: could not record the end of job %s: %s", self.job_id, exc)
+
+    def _beat(self) -> None:
+        now = utcnow()
+        try:
+            if not self._registered:
+                self.store.add_job({**self.job, "latest_heartbeat": now})
+                self._registered = True
+            elif not self.store.heartbeat(self.job_id, now):
+                self._on_missing_row(now)
+        except StoreError as exc:
+            self.health.record_failure(exc, f"heartbeating job {self.job_id}")
+            return
+        self.beats += 1
+        self.health.record_success()
+
+    def _on_missing_row(self, now: Any) -> None:
+        job = self.store.get_job(self.job_id)
+        if job is None:
+            # Deleted by retention or lost with a restored database: register again.
+            self.store.add_job({**self.job, "latest_heartbeat": now})
+            return
+        logger.warning(
+            "celery-recovery: job %s (pid %s) is marked %s in the store although this "
+            "process is alive; its heartbeat was late by more than the threshold",
+            self.job_id,
+            self.job["pid"],
+            job["state"],
+        )

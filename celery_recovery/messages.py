@@ -1,0 +1,171 @@
+"""Turn a published message or a running request into a task record.
+
+Arguments are stored as JSON in kombu's encoding (the one Celery's default
+serializer uses, so dates, UUIDs and decimals survive), never pickled.  A task
+whose arguments cannot be stored is still published and run; its record says
+why it cannot be published again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from kombu.utils.json import dumps as kombu_dumps
+
+from .states import TaskState
+from .store.schema import EncodedJSON
+from .timeutils import as_utc
+
+#: Largest encoded argument payload kept for re-publishing, in bytes.
+MAX_RECORDED_PAYLOAD = 1024 * 1024
+
+#: Headers that are columns of their own, or are rebuilt when the task is published again.
+_HEADERS_NOT_KEPT = frozenset({"id", "task", "retries", "argsrepr", "kwargsrepr", "eta", "expires"})
+#: Request attributes kept as headers when a worker creates the record.
+_REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "origin")
+
+
+def encode_json(value: Any) -> tuple[EncodedJSON | None, str | None]:
+    """``value`` encoded as JSON in kombu's encoding, or ``(None, reason)``."""
+    try:
+        text = kombu_dumps(value)
+    except (TypeError, ValueError) as exc:
+        return None, f"not JSON-serialisable ({type(exc).__name__}: {exc})"
+    if len(text) > MAX_RECORDED_PAYLOAD:
+        return None, f"{len(text)} bytes, over the {MAX_RECORDED_PAYLOAD} bytes kept for re-publish"
+    return EncodedJSON(text), None
+
+
+def _encode_payload(
+    args: Any, kwargs: Any, embed: Any
+) -> tuple[tuple[EncodedJSON, EncodedJSON, EncodedJSON] | None, str | None]:
+    parts = []
+    for value in (args, kwargs, {"embed": embed}):
+        encoded, reason = encode_json(value)
+        if encoded is None:
+            return None, reason
+        parts.append(encoded)
+    size = sum(len(p) for p in parts)
+    if size > MAX_RECORDED_PAYLOAD:
+        return None, f"{size} bytes, over the {MAX_RECORDED_PAYLOAD} bytes kept for re-publish"
+    return (parts[0], parts[1], parts[2]), None
+
+
+def record_from_publish(
+    headers: Mapping[str, Any],
+    body: Any,
+    exchange: str | None,
+    routing_key: str | None,
+    declare: Sequence[Any] | None,
+    properties: Mapping[str, Any] | None,
+    now: datetime,
+) -> dict[str, Any] | None:
+    """The ``queued`` record of a message about to be published (protocol 2)."""
+    task_id, name = headers.get("id"), headers.get("task")
+    if not task_id or not name or not isinstance(body, tuple | list) or len(body) != 3:
+        return None
+    args, kwargs, embed = body
+    record = _base(task_id, int(headers.get("retries") or 0) + 1, name, TaskState.QUEUED, now)
+    payload, reason = _encode_payload(list(args or ()), dict(kwargs or {}), embed)
+    kept = {k: v for k, v in headers.items() if k not in _HEADERS_NOT_KEPT}
+    kept_headers, header_reason = encode_json(kept)
+    why = f"arguments are {reason}" if reason else None
+    if why is None and header_reason:
+        payload, why = None, f"headers are {header_reason}"
+    record.update(
+        queue=_queue_name(declare, exchange, routing_key),
+        exchange=exchange,
+        routing_key=routing_key,
+        priority=(properties or {}).get("priority"),
+        headers=kept_headers,
+        eta=as_utc(headers.get("eta")),
+        expires=as_utc(headers.get("expires")),
+        queued_at=now,
+    )
+    _set_payload(record, payload, why)
+    return record
+
+
+def record_from_request(task: Any, now: datetime, job_id: str | None) -> dict[str, Any]:
+    """The ``running`` record of a request a worker is about to execute."""
+    request = task.request
+    record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
+    delivery = request.delivery_info or {}
+    payload, reason = _encode_payload(
+        list(request.args or ()),
+        dict(request.kwargs or {}),
+        {
+            "callbacks": request.callbacks,
+            "errbacks": request.errbacks,
+            "chain": request.chain,
+            "chord": request.chord,
+        },
+    )
+    kept = {name: getattr(request, name, None) for name in _REQUEST_HEADERS}
+    kept_headers, _ = encode_json({k: v for k, v in kept.items() if v is not None})
+    routing_key = delivery.get("routing_key")
+    exchange = delivery.get("exchange")
+    record.update(
+        queue=routing_key if not exchange else None,
+        exchange=exchange,
+        routing_key=routing_key,
+        priority=delivery.get("priority"),
+        headers=kept_headers,
+        eta=as_utc(request.eta),
+        expires=as_utc(request.expires),
+        job_id=job_id,
+        worker_hostname=request.hostname,
+        worker_pid=os.getpid(),
+        started_at=now,
+    )
+    _set_payload(record, payload, reason and f"arguments are {reason}")
+    return record
+
+
+def try_number_of(request: Any) -> int:
+    """Celery's ``retries`` counter as our 1-based try number."""
+    return int(getattr(request, "retries", 0) or 0) + 1
+
+
+def _base(task_id: str, try_number: int, name: str, state: TaskState, now: datetime) -> dict:
+    return {
+        "task_id": task_id,
+        "try_number": try_number,
+        "task_name": name,
+        "state": state,
+        "external_executor_id": task_id,
+        "updated_at": now,
+    }
+
+
+def _set_payload(record: dict[str, Any], payload: Any, why: str | None) -> None:
+    if payload is None:
+        record.update(
+            args=None,
+            kwargs=None,
+            options=None,
+            republishable=False,
+            republish_error=f"cannot be published again: {why}",
+        )
+        return
+    record.update(
+        args=payload[0],
+        kwargs=payload[1],
+        options=payload[2],
+        republishable=True,
+        republish_error=None,
+    )
+
+
+def _queue_name(
+    declare: Sequence[Any] | None, exchange: str | None, routing_key: str | None
+) -> str | None:
+    for queue in declare or ():
+        name = getattr(queue, "name", None)
+        if name:
+            return str(name)
+    # Celery publishes to a queue through the default exchange with its name as key.
+    return routing_key if not exchange else None

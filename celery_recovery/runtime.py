@@ -1,0 +1,88 @@
+"""What one process holds for one installed app: store health, writer, job.
+
+A forked child must not share its parent's threads, buffers or connections,
+so :meth:`celery_recovery.Recovery.runtime` builds a new :class:`ProcessRuntime`
+whenever the process id changes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+from .health import StoreHealth
+from .heartbeat import HeartbeatThread
+from .settings import RecoverySettings
+from .states import JobState, JobType
+from .store import Store
+from .timeutils import utcnow
+from .write_behind import WriteBehindWriter
+
+logger = logging.getLogger("celery_recovery.runtime")
+
+
+class ProcessRuntime:
+    """Per-process state of an installed :class:`~celery_recovery.Recovery`."""
+
+    def __init__(self, store: Store, settings: RecoverySettings) -> None:
+        self.pid = os.getpid()
+        self.store = store
+        self.settings = settings
+        self.health = StoreHealth(settings.masked_database_url)
+        self.writer = WriteBehindWriter(store, health=self.health)
+        self.heartbeat: HeartbeatThread | None = None
+        atexit.register(self.close)
+
+    @property
+    def job_id(self) -> str | None:
+        """The id of this process's job, when it is a worker process, beat or triggerer."""
+        return self.heartbeat.job_id if self.heartbeat is not None else None
+
+    def write(self, kind: str, item: Any) -> None:
+        """Queue a write for the flusher thread; never blocks on the store."""
+        self.writer.submit(kind, item)
+
+    def record_start(self, record: dict[str, Any]) -> None:
+        """Queue the ``running`` claim of a try; it is committed within the writer's
+        flush interval (20 ms) while the task body runs on."""
+        self.writer.submit("running", record)
+
+    def start_job(self, job_type: JobType, node_name: str | None = None) -> str:
+        """Make this process a job (once) and start its heartbeat thread; returns the job id."""
+        if self.heartbeat is not None:
+            return self.heartbeat.job_id
+        now = utcnow()
+        job = {
+            "id": uuid.uuid4().hex,
+            "job_type": job_type,
+            "hostname": socket.gethostname(),
+            "node_name": node_name,
+            "pid": os.getpid(),
+            "state": JobState.RUNNING,
+            "start_date": now,
+            "latest_heartbeat": now,
+        }
+        self.heartbeat = HeartbeatThread(
+            self.store, self.health, job, self.settings.heartbeat_interval
+        )
+        self.heartbeat.start()
+        logger.info("celery-recovery: %s job %s started (pid %s)", job_type, job["id"], job["pid"])
+        return str(job["id"])
+
+    def stop_job(self, state: JobState = JobState.SUCCESS) -> None:
+        """Flush pending writes, stop the heartbeat and record how the job ended."""
+        self.writer.flush()
+        heartbeat, self.heartbeat = self.heartbeat, None
+        if heartbeat is not None:
+            heartbeat.stop(state)
+
+    def close(self) -> None:
+        """At interpreter exit: flush what is buffered and end the job cleanly."""
+        if os.getpid() != self.pid:
+            return
+        self.stop_job(JobState.SUCCESS)
+        self.writer.close()

@@ -1,0 +1,29 @@
+"""Celery signal handlers: each turns one signal into one store call and never raises.
+
+Handlers are connected once per process, for every installed app; each finds
+the :class:`~celery_recovery.Recovery` of the app that sent the signal.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import processes, publish, tasks
+
+_connected = False
+_lock = threading.Lock()
+
+
+def connect() -> None:
+    """Connect every handler (idempotent)."""
+    global _connected
+    with _lock:
+        if _connected:
+            return
+        publish.connect()
+        tasks.connect()
+        processes.connect()
+        _connected = True
+
+
+__all__ = ["connect"]

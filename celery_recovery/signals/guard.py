@@ -1,0 +1,37 @@
+"""Keep a bug in a handler from ever reaching Celery or flooding its log."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+logger = logging.getLogger("celery_recovery.signals")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_reported: set[str] = set()
+
+
+def never_raises(handler: F) -> F:
+    """Log the first unexpected error of ``handler`` with its traceback, later ones at debug."""
+    name = handler.__qualname__
+
+    @functools.wraps(handler)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        except Exception:
+            if name in _reported:
+                logger.debug("celery-recovery: %s failed again", name, exc_info=True)
+            else:
+                _reported.add(name)
+                logger.exception(
+                    "celery-recovery: signal handler %s failed; the task is not affected "
+                    "(further failures of this handler are logged at debug level)",
+                    name,
+                )
+            return None
+
+    return wrapper  # type: ignore[return-value]

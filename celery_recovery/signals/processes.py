@@ -1,0 +1,92 @@
+"""Jobs: every worker process, beat and triggerer is a job with a heartbeat.
+
+A prefork worker's pool children each become a job at
+``worker_process_init`` (they run the tasks; the main process does not).
+Pools that run tasks in the main process (solo, threads, gevent, eventlet)
+make it the job at ``worker_ready``.  Clean shutdowns end the job as
+``success``; a killed process simply stops beating.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import current_app
+from celery.signals import (
+    beat_embedded_init,
+    beat_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
+
+from ..recovery import Recovery, installed, recovery_for_app
+from ..states import JobState, JobType
+from .guard import never_raises
+
+
+def _current() -> Recovery | None:
+    found = recovery_for_app(current_app._get_current_object())
+    if found is not None:
+        return found
+    every = installed()
+    return every[0] if every else None
+
+
+@never_raises
+def on_process_init(sender: Any = None, **_: Any) -> None:
+    # Must return within Celery's 4 s limit: the job row is written by the heartbeat thread.
+    recovery = _current()
+    if recovery is not None:
+        recovery.runtime.start_job(JobType.WORKER, node_name=str(sender) if sender else None)
+
+
+@never_raises
+def on_process_shutdown(**_: Any) -> None:
+    recovery = _current()
+    if recovery is not None:
+        recovery.runtime.stop_job(JobState.SUCCESS)
+
+
+@never_raises
+def on_worker_ready(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    recovery = recovery_for_app(app) if app is not None else _current()
+    pool = getattr(sender, "pool", None)
+    if recovery is None or _runs_tasks_in_children(pool):
+        return
+    recovery.runtime.start_job(JobType.WORKER, node_name=getattr(sender, "hostname", None))
+
+
+@never_raises
+def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    recovery = recovery_for_app(app) if app is not None else _current()
+    if recovery is not None and recovery.runtime.job_id is not None:
+        recovery.runtime.stop_job(JobState.SUCCESS)
+
+
+@never_raises
+def on_beat_init(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    recovery = recovery_for_app(app) if app is not None else _current()
+    if recovery is not None:
+        recovery.runtime.start_job(JobType.BEAT)
+
+
+def _runs_tasks_in_children(pool: Any) -> bool:
+    return type(pool).__module__ == "celery.concurrency.prefork"
+
+
+def connect() -> None:
+    worker_process_init.connect(on_process_init, weak=False, dispatch_uid=__name__ + ".init")
+    worker_process_shutdown.connect(
+        on_process_shutdown, weak=False, dispatch_uid=__name__ + ".shutdown"
+    )
+    worker_ready.connect(on_worker_ready, weak=False, dispatch_uid=__name__ + ".ready")
+    worker_shutdown.connect(
+        on_worker_shutdown, weak=False, dispatch_uid=__name__ + ".worker_shutdown"
+    )
+    beat_init.connect(on_beat_init, weak=False, dispatch_uid=__name__ + ".beat")
+    beat_embedded_init.connect(on_beat_init, weak=False, dispatch_uid=__name__ + ".beat_embedded")

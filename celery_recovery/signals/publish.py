@@ -1,0 +1,55 @@
+"""Publisher side: a published task becomes a ``queued`` try.
+
+``before_task_publish`` sees the queue and message properties; the record is
+only handed to the writer at ``after_task_publish``, so a publish that fails
+(the caller sees the exception) leaves no record to re-send.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from celery.signals import after_task_publish, before_task_publish
+
+from ..messages import record_from_publish
+from ..recovery import recovery_for_task_name
+from ..timeutils import utcnow
+from .guard import never_raises
+
+_staged = threading.local()
+
+
+@never_raises
+def on_before_publish(
+    sender: str | None = None,
+    body: Any = None,
+    exchange: str | None = None,
+    routing_key: str | None = None,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+    declare: Any = None,
+    **_: Any,
+) -> None:
+    _staged.record = None
+    if not headers or recovery_for_task_name(str(sender)) is None:
+        return
+    _staged.record = record_from_publish(
+        headers, body, exchange, routing_key, declare, properties, utcnow()
+    )
+
+
+@never_raises
+def on_after_publish(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any):
+    record = getattr(_staged, "record", None)
+    _staged.record = None
+    if record is None or not headers or headers.get("id") != record["task_id"]:
+        return
+    recovery = recovery_for_task_name(str(sender))
+    if recovery is not None:
+        recovery.runtime.write("queued", record)
+
+
+def connect() -> None:
+    before_task_publish.connect(on_before_publish, weak=False, dispatch_uid=__name__ + ".before")
+    after_task_publish.connect(on_after_publish, weak=False, dispatch_uid=__name__ + ".after")

@@ -1,0 +1,187 @@
+"""Worker side: a try goes ``running`` → ``success`` | ``failed`` | ``up_for_retry`` | ``revoked``.
+
+``task_prerun`` queues the try's ``running`` claim, committed within the
+writer's flush interval (so a process killed mid-task is known to be running
+it); the outcome follows through the same ordered buffer, and for a short
+task both land as one row write.  If an outcome is lost, the sweeps reconcile
+it from the result backend.  Exceptions and retry reasons are kept aside by
+``task_failure`` / ``task_retry`` and written once, at ``task_postrun``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import states as celery_states
+from celery.signals import (
+    task_failure,
+    task_postrun,
+    task_prerun,
+    task_retry,
+    task_revoked,
+)
+
+from ..messages import record_from_request, try_number_of
+from ..recovery import recovery_for_app
+from ..states import TaskState
+from ..store import Transition
+from ..timeutils import utcnow
+from .guard import never_raises
+
+logger = logging.getLogger("celery_recovery.signals")
+
+#: Longest error text kept on a record.
+MAX_ERROR_LENGTH = 4000
+
+_OUTCOMES = {
+    celery_states.SUCCESS: (TaskState.SUCCESS, None),
+    celery_states.FAILURE: (TaskState.FAILED, None),
+    celery_states.RETRY: (TaskState.UP_FOR_RETRY, None),
+    celery_states.IGNORED: (TaskState.SUCCESS, "the task raised Ignore"),
+    celery_states.REJECTED: (TaskState.FAILED, "the task rejected its message"),
+}
+
+_aside = threading.local()
+
+
+def _recovery_of(task: Any) -> Any:
+    if task is None or getattr(task.request, "is_eager", False):
+        return None
+    return recovery_for_app(task.app)
+
+
+def _describe(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH]
+
+
+@never_raises
+def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    recovery = _recovery_of(task)
+    if recovery is None:
+        return
+    runtime = recovery.runtime
+    runtime.record_start(record_from_request(task, utcnow(), runtime.job_id))
+
+
+@never_raises
+def on_failure(
+    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
+) -> None:
+    recovery = _recovery_of(sender)
+    if recovery is None or task_id is None:
+        return
+    if sender.request.id == task_id:
+        # In the pool process: task_postrun follows and writes the outcome.
+        _set_aside(task_id, _describe(exception))
+        return
+    # In the worker's main process: the pool process died (WorkerLostError) or hit
+    # a hard time limit, so no task_postrun will come from it.
+    now = utcnow()
+    recovery.runtime.write(
+        "transition",
+        Transition(
+            task_id,
+            None,
+            (TaskState.RUNNING,),
+            {
+                "state": TaskState.FAILED,
+                "error": _describe(exception),
+                "state_reason": "failed by the worker's main process",
+                "ended_at": now,
+                "updated_at": now,
+            },
+        ),
+    )
+
+
+@never_raises
+def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
+    if _recovery_of(sender) is None or request is None:
+        return
+    _set_aside(request.id, f"retry: {reason}"[:MAX_ERROR_LENGTH])
+
+
+@never_raises
+def on_postrun(
+    task_id: str | None = None, task: Any = None, state: str | None = None, **_: Any
+) -> None:
+    recovery = _recovery_of(task)
+    if recovery is None or task_id is None:
+        return
+    new, reason = _OUTCOMES.get(
+        state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
+    )
+    error = _take_aside(task_id)
+    now = utcnow()
+    values: dict[str, Any] = {"state": new, "ended_at": now, "updated_at": now}
+    if new is TaskState.UP_FOR_RETRY:
+        values["state_reason"] = error
+    elif error is not None:
+        values["error"] = error
+    if reason is not None:
+        values["state_reason"] = reason
+    recovery.runtime.write(
+        "transition",
+        Transition(task_id, try_number_of(task.request), (TaskState.RUNNING,), values),
+    )
+
+
+@never_raises
+def on_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    expired: bool = False,
+    signum: Any = None,
+    **_: Any,
+) -> None:
+    recovery = recovery_for_app(sender.app) if sender is not None else None
+    if recovery is None or request is None:
+        return
+    expected: tuple[TaskState, ...] = (TaskState.QUEUED, TaskState.RUNNING)
+    if expired:
+        reason = "expired before it ran"
+    elif terminated:
+        reason = f"revoked and terminated (signal {signum})"
+        # The killed pool process may report the kill as a failure first.
+        expected += (TaskState.FAILED,)
+    else:
+        reason = "revoked"
+    now = utcnow()
+    recovery.runtime.write(
+        "transition",
+        Transition(
+            request.id,
+            try_number_of(request),
+            expected,
+            {
+                "state": TaskState.REVOKED,
+                "state_reason": reason,
+                "ended_at": now,
+                "updated_at": now,
+            },
+        ),
+    )
+
+
+def _set_aside(task_id: str, text: str | None) -> None:
+    if not hasattr(_aside, "errors"):
+        _aside.errors = {}
+    _aside.errors[task_id] = text
+
+
+def _take_aside(task_id: str) -> str | None:
+    errors = getattr(_aside, "errors", None)
+    return errors.pop(task_id, None) if errors else None
+
+
+def connect() -> None:
+    task_prerun.connect(on_prerun, weak=False, dispatch_uid=__name__ + ".prerun")
+    task_failure.connect(on_failure, weak=False, dispatch_uid=__name__ + ".failure")
+    task_retry.connect(on_retry, weak=False, dispatch_uid=__name__ + ".retry")
+    task_postrun.connect(on_postrun, weak=False, dispatch_uid=__name__ + ".postrun")
+    task_revoked.connect(on_revoked, weak=False, dispatch_uid=__name__ + ".revoked")
