@@ -1,0 +1,171 @@
+"""Fixtures: real Redis, a fresh PostgreSQL database per session, SQLite files, real workers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from celery_recovery.recovery import recovery_for_app
+from celery_recovery.store import Store
+from celery_recovery.store.engine import create_store_engine
+from celery_recovery.store.migrate import upgrade
+from celery_recovery.store.schema import metadata
+from tests.apps.lifecycle import create_app
+from tests.services import PG_ADMIN_URL, REDIS_URL, require
+from tests.workers import WorkerProcess
+
+#: Short timings so that tests observe heartbeats quickly.
+FAST_SETTINGS = {
+    "heartbeat_interval": 0.5,
+    "zombie_threshold": 2.0,
+    "health_check_threshold": 2.0,
+    "sweep_interval": 1.0,
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_environment() -> Iterator[None]:
+    """Settings from the developer's shell must not leak into the tests."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("CELERY_RECOVERY_")}
+    yield
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def redis_service() -> str:
+    require("Redis", REDIS_URL, 6379)
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def pg_database_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated to head."""
+    require("PostgreSQL", PG_ADMIN_URL, 5432)
+    name = f"celery_recovery_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    engine = create_store_engine(url, for_migrations=True)
+    upgrade(engine)
+    engine.dispose()
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def pg_url(pg_database_url: str) -> str:
+    """The session's PostgreSQL store, emptied for this test."""
+    engine = create_engine(pg_database_url)
+    with engine.begin() as conn:
+        names = ", ".join(table.name for table in metadata.sorted_tables)
+        conn.execute(text(f"TRUNCATE {names}"))
+    engine.dispose()
+    return pg_database_url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """Each store test runs on the embedded SQLite default and on PostgreSQL."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    store = Store(store_url)
+    store.ensure_ready()
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def broker_urls(redis_service: str) -> tuple[str, str]:
+    return f"{redis_service}/9", f"{redis_service}/10"
+
+
+@pytest.fixture
+def make_client_app(broker_urls: tuple[str, str], queue: str) -> Iterator[Callable[..., Any]]:
+    """Build a publishing app in the test process (with or without celery-recovery)."""
+    apps = []
+
+    def make(store_url: str | None, **overrides: Any) -> Any:
+        recovery = (
+            None if store_url is None else {"database_url": store_url, **FAST_SETTINGS, **overrides}
+        )
+        app = create_app(*broker_urls, queue, recovery)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        installed = recovery_for_app(app)
+        if installed is not None:
+            installed.close()
+        app.close()
+
+
+@pytest.fixture
+def client_app(make_client_app: Callable[..., Any], store_url: str) -> Any:
+    return make_client_app(store_url)
+
+
+@pytest.fixture
+def start_worker(
+    tmp_path: Path, broker_urls: tuple[str, str], queue: str, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real ``celery worker`` subprocesses; every one is SIGKILLed at teardown."""
+    workers: list[WorkerProcess] = []
+
+    def start(
+        store_url: str | None = None,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        name: str | None = None,
+        plain: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> WorkerProcess:
+        if store_url is None and not plain:
+            store_url = request.getfixturevalue("store_url")
+        name = name or f"w{len(workers) + 1}"
+        worker_env = {
+            "RECOVERY_TEST_BROKER": broker_urls[0],
+            "RECOVERY_TEST_BACKEND": broker_urls[1],
+            "RECOVERY_TEST_QUEUE": queue,
+            "RECOVERY_TEST_PLAIN": "1" if plain else "0",
+            **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in FAST_SETTINGS.items()},
+            **({"CELERY_RECOVERY_DATABASE_URL": store_url} if store_url else {}),
+            **(env or {}),
+        }
+        worker = WorkerProcess(
+            "tests.apps.lifecycle",
+            worker_env,
+            tmp_path / f"{name}.log",
+            pool=pool,
+            concurrency=concurrency,
+            name=name,
+            queue=queue,
+        )
+        workers.append(worker)
+        return worker.wait_ready()
+
+    yield start
+    for worker in workers:
+        worker.kill()

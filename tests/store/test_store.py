@@ -1,0 +1,191 @@
+"""The store on SQLite and PostgreSQL: schema, jobs, and compare-and-set transitions."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
+from celery_recovery import JobState, JobType, TaskState
+from celery_recovery.store import Store, Transition
+from celery_recovery.store.migrate import VERSION_TABLE, current_revision, head_revision
+from celery_recovery.store.schema import metadata
+from celery_recovery.timeutils import utcnow
+
+
+def queued(task_id="t1", try_number=1, **extra):
+    now = utcnow()
+    return {
+        "task_id": task_id,
+        "try_number": try_number,
+        "task_name": "proj.add",
+        "state": TaskState.QUEUED,
+        "queue": "celery",
+        "args": [1, 2],
+        "kwargs": {},
+        "queued_at": now,
+        "updated_at": now,
+        **extra,
+    }
+
+
+def running(task_id="t1", try_number=1, job_id="job-a", **extra):
+    now = utcnow()
+    return {
+        "task_id": task_id,
+        "try_number": try_number,
+        "task_name": "proj.add",
+        "state": TaskState.RUNNING,
+        "job_id": job_id,
+        "started_at": now,
+        "updated_at": now,
+        **extra,
+    }
+
+
+def test_migrations_build_exactly_the_declared_schema(store):
+    assert current_revision(store.engine) == head_revision()
+    with store.engine.connect() as conn:
+        diff = compare_metadata(
+            MigrationContext.configure(
+                conn, opts={"compare_type": False, "version_table": VERSION_TABLE}
+            ),
+            metadata,
+        )
+    assert diff == []
+
+
+def test_running_by_job_lookup_uses_a_partial_index(store):
+    indexes = {ix["name"]: ix for ix in inspect(store.engine).get_indexes("task_records")}
+    assert indexes["ix_task_records_running_job"]["column_names"] == ["job_id"]
+    plan_sql = "SELECT task_id FROM task_records WHERE state = 'running' AND job_id = 'x'"
+    with store.engine.connect() as conn:
+        prefix = "EXPLAIN QUERY PLAN " if store.dialect == "sqlite" else "EXPLAIN "
+        if store.dialect == "postgresql":
+            conn.exec_driver_sql("SET enable_seqscan = off")
+        plan = " ".join(str(row) for row in conn.exec_driver_sql(prefix + plan_sql))
+    assert "ix_task_records_running_job" in plan
+
+
+def test_transition_is_a_compare_and_set(store):
+    store.record_queued([queued()])
+    assert store.mark_running(running())
+    assert store.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS, ended_at=utcnow())
+    # The same change again loses: the try is no longer running.
+    assert not store.transition("t1", 1, TaskState.RUNNING, TaskState.FAILED)
+    # Another try's key never matches.
+    assert not store.transition("t1", 2, TaskState.SUCCESS, TaskState.FAILED)
+    (row,) = store.tries("t1")
+    assert row["state"] == TaskState.SUCCESS and row["job_id"] == "job-a"
+
+
+def test_concurrent_transitions_of_one_try_have_exactly_one_winner(store):
+    store.mark_running(running())
+    barrier = threading.Barrier(8)
+    results: list[bool] = []
+
+    def contend(index: int) -> None:
+        barrier.wait()
+        new = TaskState.SUCCESS if index % 2 else TaskState.UP_FOR_RETRY
+        results.append(store.transition("t1", 1, TaskState.RUNNING, new))
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_publisher_record_after_worker_claim_keeps_running_state(store):
+    # The worker's claim can land before the publisher's buffered queued record.
+    assert store.mark_running(running(args=None))
+    store.record_queued([queued(headers={"root_id": "r"})])
+    (row,) = store.tries("t1")
+    assert row["state"] == TaskState.RUNNING and row["job_id"] == "job-a"
+    assert row["queued_at"] is not None and row["args"] == [1, 2]
+    assert row["headers"] == {"root_id": "r"}
+
+
+def test_claim_is_refused_for_a_finished_try(store):
+    store.mark_running(running())
+    store.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS)
+    assert not store.mark_running(running(job_id="job-b"))
+    (row,) = store.tries("t1")
+    assert row["state"] == TaskState.SUCCESS and row["job_id"] == "job-a"
+
+
+def test_redelivered_running_try_is_claimed_by_the_new_job(store):
+    store.mark_running(running(job_id="job-a"))
+    assert store.mark_running(running(job_id="job-b"))
+    assert store.tries("t1")[0]["job_id"] == "job-b"
+
+
+def test_tries_are_kept_as_history(store):
+    store.mark_running(running(try_number=1))
+    store.transition("t1", 1, TaskState.RUNNING, TaskState.UP_FOR_RETRY)
+    store.record_queued([queued(try_number=2)])
+    store.mark_running(running(try_number=2))
+    store.transition("t1", 2, TaskState.RUNNING, TaskState.SUCCESS)
+    assert [(r["try_number"], r["state"]) for r in store.tries("t1")] == [
+        (1, TaskState.UP_FOR_RETRY),
+        (2, TaskState.SUCCESS),
+    ]
+
+
+def test_batched_writes_apply_in_order(store):
+    now = utcnow()
+    store.apply_writes(
+        [
+            ("queued", queued("a")),
+            ("running", running("a")),
+            ("transition", Transition("a", 1, (TaskState.RUNNING,), {"state": "success"})),
+            ("queued", queued("b")),
+            ("transition", Transition("b", None, (TaskState.QUEUED,), {"state": "revoked"})),
+            ("transition", Transition("a", 1, (TaskState.RUNNING,), {"state": "failed"})),
+        ]
+    )
+    assert store.tries("a")[0]["state"] == "success"
+    assert store.tries("b")[0]["state"] == "revoked"
+    assert store.tries("a")[0]["updated_at"] >= now - timedelta(seconds=5)
+
+
+def test_job_heartbeat_and_end_are_compare_and_set(store):
+    now = utcnow()
+    job = {
+        "id": "j1",
+        "job_type": JobType.WORKER,
+        "hostname": "h",
+        "pid": 1,
+        "state": JobState.RUNNING,
+        "start_date": now,
+        "latest_heartbeat": now,
+    }
+    store.add_job(job)
+    store.add_job(job)  # a second registration changes nothing
+    later = now + timedelta(seconds=3)
+    assert store.heartbeat("j1", later)
+    assert store.get_job("j1")["latest_heartbeat"] == later
+    assert store.end_job("j1", JobState.SUCCESS, later)
+    assert not store.heartbeat("j1", later + timedelta(seconds=1))
+    assert not store.end_job("j1", JobState.FAILED, later)
+    assert store.get_job("j1")["state"] == JobState.SUCCESS
+
+
+def test_sqlite_store_runs_in_wal_mode(sqlite_url):
+    store = Store(sqlite_url)
+    store.ensure_ready()
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    store.dispose()
+
+
+def test_timestamps_come_back_as_aware_utc(store):
+    store.record_queued([queued()])
+    assert store.tries("t1")[0]["queued_at"].utcoffset() == timedelta(0)
+    with pytest.raises(Exception, match="naive datetime"):
+        store.record_queued([queued("t2", queued_at=utcnow().replace(tzinfo=None))])

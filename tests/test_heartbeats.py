@@ -1,0 +1,107 @@
+"""Worker and beat processes are jobs whose heartbeats advance until they die."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from celery_recovery import JobState, JobType, TaskState
+from tests.workers import ROOT, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def heartbeats(store, job_type=JobType.WORKER):
+    return {j["id"]: j["latest_heartbeat"] for j in store.list_jobs(job_type)}
+
+
+def test_each_pool_process_is_a_job_whose_heartbeat_advances(store, start_worker):
+    worker = start_worker(concurrency=2)
+    first = wait_for(lambda: (h := heartbeats(store)) and len(h) == 2 and h, what="two jobs")
+    jobs = store.list_jobs(JobType.WORKER)
+    assert sorted(j["pid"] for j in jobs) == sorted(worker.child_pids())
+    # Heartbeat interval is 0.5 s: within a few seconds each job has moved on twice.
+    for _ in range(2):
+        previous = heartbeats(store)
+        wait_for(
+            lambda prev=previous: all(heartbeats(store)[k] > prev[k] for k in prev),
+            5,
+            what="every heartbeat to advance",
+        )
+    assert all(heartbeats(store)[k] > first[k] for k in first)
+
+
+def test_sigkilled_worker_stops_beating_and_its_task_stays_running(client_app, store, start_worker):
+    worker = start_worker(concurrency=1)
+    result = client_app.send_task("lifecycle.sleep_for", (60,))
+    (record,) = wait_for(
+        lambda: [t for t in store.tries(result.id) if t["state"] == TaskState.RUNNING],
+        what="the task to be running",
+    )
+    worker.kill()
+    frozen = store.get_job(record["job_id"])["latest_heartbeat"]
+    # Several heartbeat intervals later nothing has moved: detection is the sweep's job.
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        assert store.get_job(record["job_id"])["latest_heartbeat"] == frozen
+        time.sleep(0.25)
+    job = store.get_job(record["job_id"])
+    assert job["state"] == JobState.RUNNING and job["end_date"] is None
+    assert store.tries(result.id)[0]["state"] == TaskState.RUNNING
+
+
+def test_beat_is_a_job_with_a_heartbeat(store_url, store, broker_urls, queue, tmp_path):
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RECOVERY_TEST_PLAIN": "0",
+        "RECOVERY_TEST_BROKER": broker_urls[0],
+        "RECOVERY_TEST_QUEUE": queue,
+        "CELERY_RECOVERY_DATABASE_URL": store_url,
+        "CELERY_RECOVERY_HEARTBEAT_INTERVAL": "0.5",
+        "CELERY_RECOVERY_ZOMBIE_THRESHOLD": "2",
+        "CELERY_RECOVERY_HEALTH_CHECK_THRESHOLD": "2",
+        "CELERY_RECOVERY_SWEEP_INTERVAL": "1",
+    }
+    beat = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.apps.lifecycle",
+            "beat",
+            "-l",
+            "INFO",
+            "-s",
+            str(tmp_path / "beat-schedule"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        (job,) = wait_for(lambda: store.list_jobs(JobType.BEAT), 20, what="the beat job")
+        wait_for(
+            lambda: store.get_job(job["id"])["latest_heartbeat"] > job["latest_heartbeat"],
+            5,
+            what="beat's heartbeat to advance",
+        )
+        beat.send_signal(signal.SIGTERM)
+        beat.wait(15)
+        ended = wait_for(
+            lambda: (j := store.get_job(job["id"]))["state"] == JobState.SUCCESS and j,
+            10,
+            what="beat's job to end",
+        )
+        assert ended["end_date"] is not None
+    finally:
+        if beat.poll() is None:
+            os.killpg(beat.pid, signal.SIGKILL)

@@ -1,0 +1,79 @@
+"""Unit tests of the write-behind buffer's pure logic (a fake store stands in for the database).
+
+The real-store behaviour (outage, return, bounded warnings) is covered by
+tests/test_store_outage.py with real workers and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from celery_recovery.errors import StoreError, StoreUnavailableError
+from celery_recovery.health import StoreHealth
+from celery_recovery.write_behind import WriteBehindWriter
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.applied: list[tuple[str, object]] = []
+        self.down = False
+        self.poison: set[object] = set()
+        self.lock = threading.Lock()
+
+    def apply_writes(self, writes):
+        if self.down:
+            raise StoreUnavailableError("down")
+        if any(item in self.poison for _, item in writes):
+            raise StoreError("bad row")
+        with self.lock:
+            self.applied.extend(writes)
+
+
+def make_writer(store, **kwargs):
+    health = StoreHealth("fake", backoff_initial=0.01, backoff_max=0.05)
+    return WriteBehindWriter(store, health, flush_interval=0.01, **kwargs), health
+
+
+def test_writes_are_applied_in_order():
+    store = FakeStore()
+    writer, _ = make_writer(store)
+    for i in range(200):
+        writer.submit("queued", i)
+    assert writer.flush(5)
+    assert [item for _, item in store.applied] == list(range(200))
+
+
+def test_writes_wait_out_an_outage_and_keep_their_order():
+    store = FakeStore()
+    store.down = True
+    writer, health = make_writer(store)
+    for i in range(10):
+        writer.submit("queued", i)
+    assert not writer.flush(0.3)
+    assert health.down and health.failures >= 1 and store.applied == []
+    store.down = False
+    assert writer.flush(5)
+    assert [item for _, item in store.applied] == list(range(10))
+    assert not health.down
+
+
+def test_buffer_is_bounded_and_drops_the_oldest_during_an_outage():
+    store = FakeStore()
+    store.down = True
+    writer, health = make_writer(store, max_pending=5)
+    for i in range(12):
+        writer.submit("queued", i)
+    assert health.dropped == 7
+    store.down = False
+    assert writer.flush(5)
+    assert [item for _, item in store.applied] == [7, 8, 9, 10, 11]
+
+
+def test_one_unwritable_row_does_not_block_the_others():
+    store = FakeStore()
+    store.poison.add(3)
+    writer, _ = make_writer(store)
+    for i in range(6):
+        writer.submit("queued", i)
+    assert writer.flush(5)
+    assert [item for _, item in store.applied] == [0, 1, 2, 4, 5]

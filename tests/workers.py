@@ -1,0 +1,116 @@
+"""Real ``celery worker`` subprocesses for the tests: start, wait, SIGKILL, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(
+    condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """One ``celery worker`` in its own session, so its whole process group can be killed."""
+
+    def __init__(
+        self,
+        app: str,
+        env: dict[str, str],
+        log_path: Path,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        name: str = "worker",
+        queue: str = "celery",
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self.log_path = log_path
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "-Q",
+            queue,
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            *extra_args,
+        ]
+        # CI runs as root, and some tests send pickled arguments on purpose.
+        full_env = {**os.environ, "C_FORCE_ROOT": "1", **env, "PYTHONPATH": str(ROOT)}
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()/kill()
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited early:\n{self.log[-4000:]}")
+            return " ready." in self.log
+
+        wait_for(ready, timeout, what=f"worker {self.name} to be ready")
+        return self
+
+    def child_pids(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
+        ).stdout
+        return [int(pid) for pid in out.split()]
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group, as an OOM kill or eviction would."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """Warm shutdown (SIGTERM); SIGKILL if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
