@@ -148,6 +148,48 @@ def db_current(ctx: click.Context) -> None:
         sys.exit(1)
 
 
+@recovery.command("sweep")
+@click.option("--loop", is_flag=True, help="Sweep every recovery_sweep_interval until stopped.")
+@click.option("--json", "as_json", is_flag=True, help="Print each report as one JSON line.")
+@click.pass_context
+def sweep(ctx: click.Context, loop: bool, as_json: bool) -> None:
+    """Run the recovery sweep in this process (for deployments without beat).
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app sweep --loop
+    """
+    import json
+    import time
+
+    from .recovery import Recovery
+
+    app = ctx.find_root().meta.get("celery_recovery", {}).get("app")
+    if app is None:
+        raise CLIError("sweep needs the Celery app to publish tasks again: pass --app")
+    overrides = {}
+    database_url = ctx.find_root().meta["celery_recovery"].get("database_url")
+    if database_url:
+        overrides["database_url"] = database_url
+    try:
+        installed = Recovery(app, **overrides)
+    except RecoveryError as exc:
+        raise CLIError(str(exc)) from None
+    while True:
+        report = installed.sweep().as_dict()
+        if as_json:
+            click.echo(json.dumps(report))
+        else:
+            click.echo(
+                " ".join(
+                    f"{k}={v:.3f}" if k == "duration" else f"{k}={v}" for k, v in report.items()
+                )
+            )
+        if not loop:
+            return
+        time.sleep(installed.settings.sweep_interval)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

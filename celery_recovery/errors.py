@@ -24,3 +24,16 @@ class StoreUnavailableError(StoreError):
 
 class StoreSchemaError(StoreError):
     """The store's schema is missing or not at the version this package needs."""
+
+
+class LostWorkerError(RecoveryError):
+    """A try was failed or retried by a recovery sweep because its worker was lost.
+
+    Passed to the task's ``on_failure``/``on_retry`` and to failure listeners
+    when the process that ran the try died before it could report.
+    """
+
+    def __init__(self, message: str, task_id: str | None = None, try_number: int | None = None):
+        super().__init__(message)
+        self.task_id = task_id
+        self.try_number = try_number

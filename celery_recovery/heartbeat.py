@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +54,10 @@ class HeartbeatThread(threading.Thread):
             if self.health.available():
                 self._beat()
             if self.on_beat is not None:
-                self.on_beat()
+                try:
+                    self.on_beat()
+                except Exception:
+                    logger.exception("celery-recovery: heartbeat hook failed; beating on")
             if self._stop_event.wait(self.interval):
                 return
 
@@ -89,10 +93,17 @@ class HeartbeatThread(threading.Thread):
             # Deleted by retention or lost with a restored database: register again.
             self.store.add_job({**self.job, "latest_heartbeat": now})
             return
+        # A sweep declared this process dead (it was paused past the threshold) and
+        # has recovered its tries.  Carry on under a new job, so that new tries are
+        # not taken for the dead job's.
+        old = self.job_id
+        self.job = {**self.job, "id": uuid.uuid4().hex, "start_date": now, "latest_heartbeat": now}
+        self.store.add_job(self.job)
         logger.warning(
-            "celery-recovery: job %s (pid %s) is marked %s in the store although this "
-            "process is alive; its heartbeat was late by more than the threshold",
-            self.job_id,
+            "celery-recovery: job %s (pid %s) was marked %s while this process was alive "
+            "(its heartbeat was late past the threshold); continuing as job %s",
+            old,
             self.job["pid"],
             job["state"],
+            self.job_id,
         )

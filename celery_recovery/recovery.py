@@ -5,13 +5,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
 from .runtime import ProcessRuntime
 from .settings import RecoverySettings
 from .store import Store
+
+if TYPE_CHECKING:
+    from .sweeps.context import SweepReport
 
 logger = logging.getLogger("celery_recovery")
 
@@ -57,12 +62,18 @@ class Recovery:
         self.store = Store(self.settings.database_url)
         self._runtime: ProcessRuntime | None = None
         self._runtime_lock = threading.Lock()
+        #: Called for every try a sweep fails or retries (see add_failure_listener).
+        self.failure_listeners: list[Callable[..., Any]] = []
         from . import signals
+        from .execution import install_stale_delivery_guard
+        from .sweeps.tasks import register_sweep_task
 
         with _install_lock:
             setattr(app, _ATTRIBUTE, self)
             _installed.append(self)
             signals.connect()
+        register_sweep_task(self)
+        install_stale_delivery_guard(self)
         logger.debug("celery-recovery installed on app %r, store %s", app.main, self.store)
 
     def __repr__(self) -> str:
@@ -78,6 +89,28 @@ class Recovery:
                 if runtime is None or runtime.pid != os.getpid():
                     runtime = self._runtime = ProcessRuntime(self.store, self.settings)
         return runtime
+
+    def sweep(self, now: datetime | None = None) -> SweepReport:
+        """Run one recovery pass in this process and report what it found and did.
+
+        Finds zombies (running tries whose worker stopped heartbeating), asks
+        the result backend before touching them, retries or fails them,
+        re-publishes lost messages, marks dead jobs and delivers the failure
+        callbacks of tries it failed.  Safe to run in several processes at once.
+        """
+        from .sweeps.runner import run_sweep
+
+        return run_sweep(self, now)
+
+    def add_failure_listener(self, listener: Callable[..., Any]) -> Callable[..., Any]:
+        """Register ``listener(task_id=, task_name=, try_number=, kind=, exception=)``.
+
+        It runs (from the sweep, under ``recovery_callback_timeout``) for every
+        try a sweep failed (``kind="failure"``) or retried (``kind="retry"``)
+        because its worker or message was lost.  Usable as a decorator.
+        """
+        self.failure_listeners.append(listener)
+        return listener
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until this process's buffered records are written; False on timeout."""

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .health import StoreHealth
@@ -51,7 +52,12 @@ class ProcessRuntime:
         flush interval (20 ms) while the task body runs on."""
         self.writer.submit("running", record)
 
-    def start_job(self, job_type: JobType, node_name: str | None = None) -> str:
+    def start_job(
+        self,
+        job_type: JobType,
+        node_name: str | None = None,
+        on_beat: Callable[[], None] | None = None,
+    ) -> str:
         """Make this process a job (once) and start its heartbeat thread; returns the job id."""
         if self.heartbeat is not None:
             return self.heartbeat.job_id
@@ -67,7 +73,7 @@ class ProcessRuntime:
             "latest_heartbeat": now,
         }
         self.heartbeat = HeartbeatThread(
-            self.store, self.health, job, self.settings.heartbeat_interval
+            self.store, self.health, job, self.settings.heartbeat_interval, on_beat=on_beat
         )
         self.heartbeat.start()
         logger.info("celery-recovery: %s job %s started (pid %s)", job_type, job["id"], job["pid"])

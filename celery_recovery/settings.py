@@ -36,6 +36,13 @@ DEFAULT_QUEUED_TIMEOUT = 600.0
 #: Seconds an adopted task that the backend reports PENDING may stay unstarted.
 DEFAULT_ADOPTION_TIMEOUT = 600.0
 
+#: Times a lost message is published again before its task is failed.
+DEFAULT_MAX_REPUBLISH = 3
+#: Seconds one failure callback or listener may run before the sweep moves on.
+DEFAULT_CALLBACK_TIMEOUT = 30.0
+#: Timing preset whose values are the defaults of the timing settings.
+DEFAULT_PRESET = "default"
+
 #: A zombie threshold must cover at least this many heartbeat intervals, or one
 #: late heartbeat (a GC pause, a slow commit) would declare a live worker dead.
 MIN_HEARTBEATS_PER_THRESHOLD = 3
@@ -85,6 +92,27 @@ def _duration(key: str, value: Any) -> float:
     return result
 
 
+def _count(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0")
+    try:
+        result = int(str(value).strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0") from None
+    if result < 0 or (isinstance(value, float) and value != result):
+        raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0")
+    return result
+
+
+def _preset(key: str, value: Any) -> str:
+    from .beat_schedules.presets import PRESETS
+
+    if value not in PRESETS:
+        allowed = ", ".join(repr(p) for p in PRESETS)
+        raise ConfigurationError(f"{key}={value!r} is not a preset; allowed: {allowed}")
+    return str(value)
+
+
 def _database_url(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigurationError(
@@ -106,6 +134,13 @@ def _redis_url(key: str, value: Any) -> str | None:
 
 
 SETTINGS: tuple[SettingSpec, ...] = (
+    SettingSpec(
+        "preset",
+        DEFAULT_PRESET,
+        _preset,
+        "Timing preset (default, kubernetes, aggressive) whose values are the defaults of "
+        "the duration settings below; explicit settings override it.",
+    ),
     SettingSpec(
         "database_url",
         DEFAULT_DATABASE_URL,
@@ -163,6 +198,19 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "How long an adopted task that the result backend reports PENDING may stay unstarted.",
         "s",
     ),
+    SettingSpec(
+        "max_republish",
+        DEFAULT_MAX_REPUBLISH,
+        _count,
+        "Times a lost message is published again before its task is failed as lost.",
+    ),
+    SettingSpec(
+        "callback_timeout",
+        DEFAULT_CALLBACK_TIMEOUT,
+        _duration,
+        "How long one failure callback or listener may run before the sweep moves on.",
+        "s",
+    ),
 )
 
 _SPECS = {spec.name: spec for spec in SETTINGS}
@@ -180,6 +228,9 @@ class RecoverySettings:
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL
     queued_timeout: float = DEFAULT_QUEUED_TIMEOUT
     adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
+    max_republish: int = DEFAULT_MAX_REPUBLISH
+    callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
+    preset: str = DEFAULT_PRESET
 
     def __post_init__(self) -> None:
         _check_relations(self)
@@ -213,7 +264,11 @@ class RecoverySettings:
             name = _known(key[len(PREFIX) :] if key.startswith(PREFIX) else key, key)
             raw[name] = (_SPECS[name].conf_key, value)
 
-        values = {name: _SPECS[name].parse(key, value) for name, (key, value) in raw.items()}
+        parsed = {name: _SPECS[name].parse(key, value) for name, (key, value) in raw.items()}
+        from .beat_schedules.presets import PRESETS
+
+        values: dict[str, Any] = dict(PRESETS[parsed.get("preset", DEFAULT_PRESET)])
+        values.update(parsed)
         if (
             values.get("redis_url") is None
             and broker_url

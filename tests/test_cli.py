@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, text
 
 from celery_recovery.cli import recovery
+from celery_recovery.store.migrate import head_revision
 from tests.services import PG_ADMIN_URL, require
 from tests.workers import ROOT
 
@@ -25,7 +26,7 @@ def test_db_upgrade_then_current_on_sqlite(tmp_path):
     result = run("--database-url", url, "db", "current")
     assert result.exit_code == 1 and "needs upgrade" in result.output
     result = run("--database-url", url, "db", "upgrade")
-    assert result.exit_code == 0 and "schema none -> 0001" in result.output
+    assert result.exit_code == 0 and f"schema none -> {head_revision()}" in result.output
     result = run("--database-url", url, "db", "current")
     assert result.exit_code == 0 and "up to date" in result.output
 
@@ -84,7 +85,7 @@ def test_celery_recovery_subcommand_uses_the_app(tmp_path):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "from-app.sqlite3: schema none -> 0001" in done.stdout
+    assert f"from-app.sqlite3: schema none -> {head_revision()}" in done.stdout
 
 
 @pytest.mark.parametrize("command", [["--help"], ["db", "--help"], ["db", "upgrade", "--help"]])

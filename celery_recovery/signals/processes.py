@@ -9,6 +9,7 @@ make it the job at ``worker_ready``.  Clean shutdowns end the job as
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import current_app
@@ -39,7 +40,7 @@ def on_process_init(sender: Any = None, **_: Any) -> None:
     # Must return within Celery's 4 s limit: the job row is written by the heartbeat thread.
     recovery = _current()
     if recovery is not None:
-        recovery.runtime.start_job(JobType.WORKER, node_name=str(sender) if sender else None)
+        _start_worker_job(recovery, str(sender) if sender else None)
 
 
 @never_raises
@@ -56,7 +57,7 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     pool = getattr(sender, "pool", None)
     if recovery is None or _runs_tasks_in_children(pool):
         return
-    recovery.runtime.start_job(JobType.WORKER, node_name=getattr(sender, "hostname", None))
+    _start_worker_job(recovery, getattr(sender, "hostname", None))
 
 
 @never_raises
@@ -73,6 +74,15 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
     recovery = recovery_for_app(app) if app is not None else _current()
     if recovery is not None:
         recovery.runtime.start_job(JobType.BEAT)
+
+
+def _start_worker_job(recovery: Recovery, node_name: str | None) -> None:
+    from ..sweeps.fallback import SweepFallback
+
+    holder = f"{node_name}:{os.getpid()}"
+    recovery.runtime.start_job(
+        JobType.WORKER, node_name=node_name, on_beat=SweepFallback(recovery, holder)
+    )
 
 
 def _runs_tasks_in_children(pool: Any) -> bool:

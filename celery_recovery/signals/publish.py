@@ -14,6 +14,7 @@ from celery.signals import after_task_publish, before_task_publish
 
 from ..messages import record_from_publish
 from ..recovery import recovery_for_task_name
+from ..republish import PUBLISHED_AT_HEADER
 from ..timeutils import utcnow
 from .guard import never_raises
 
@@ -34,8 +35,12 @@ def on_before_publish(
     _staged.record = None
     if not headers or recovery_for_task_name(str(sender)) is None:
         return
+    now = utcnow()
+    # Lets a worker tell an old message (maybe one the sweep replaced) from a fresh one
+    # without asking the store on every task.
+    headers[PUBLISHED_AT_HEADER] = now.timestamp()
     _staged.record = record_from_publish(
-        headers, body, exchange, routing_key, declare, properties, utcnow()
+        headers, body, exchange, routing_key, declare, properties, now
     )
 
 

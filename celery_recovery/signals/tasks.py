@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import states as celery_states
@@ -23,6 +24,8 @@ from celery.signals import (
     task_revoked,
 )
 
+from ..errors import LostWorkerError
+from ..execution import check_delivery, was_dropped
 from ..messages import record_from_request, try_number_of
 from ..recovery import recovery_for_app
 from ..states import TaskState
@@ -63,8 +66,11 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     recovery = _recovery_of(task)
     if recovery is None:
         return
+    if check_delivery(recovery, task, task_id):
+        return  # stale: its before_start raises Ignore, and nothing is recorded
     runtime = recovery.runtime
     runtime.record_start(record_from_request(task, utcnow(), runtime.job_id))
+    _started_at()[task_id] = time.monotonic()
 
 
 @never_raises
@@ -72,8 +78,8 @@ def on_failure(
     sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
 ) -> None:
     recovery = _recovery_of(sender)
-    if recovery is None or task_id is None:
-        return
+    if recovery is None or task_id is None or isinstance(exception, LostWorkerError):
+        return  # LostWorkerError: fired by the sweep's callback delivery, already recorded
     if sender.request.id == task_id:
         # In the pool process: task_postrun follows and writes the outcome.
         _set_aside(task_id, _describe(exception))
@@ -112,6 +118,8 @@ def on_postrun(
     recovery = _recovery_of(task)
     if recovery is None or task_id is None:
         return
+    if was_dropped(task_id):
+        return  # a stale delivery: the try's record belongs to the run that was not stale
     new, reason = _OUTCOMES.get(
         state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
     )
@@ -124,10 +132,15 @@ def on_postrun(
         values["error"] = error
     if reason is not None:
         values["state_reason"] = reason
+    try_number = try_number_of(task.request)
     recovery.runtime.write(
-        "transition",
-        Transition(task_id, try_number_of(task.request), (TaskState.RUNNING,), values),
+        "transition", Transition(task_id, try_number, (TaskState.RUNNING,), values)
     )
+    started = _started_at().pop(task_id, None)
+    if started is not None and time.monotonic() - started >= recovery.settings.zombie_threshold:
+        # Long enough to have been declared dead meanwhile (a pause, a partition): if a
+        # sweep recovered this try, keep what it finally did beside the recovery.
+        recovery.runtime.write("late", (task_id, try_number, new.value, now))
 
 
 @never_raises
@@ -166,6 +179,13 @@ def on_revoked(
             },
         ),
     )
+
+
+def _started_at() -> dict[str, float]:
+    started = getattr(_aside, "started", None)
+    if started is None:
+        started = _aside.started = {}
+    return started
 
 
 def _set_aside(task_id: str, text: str | None) -> None:

@@ -1,5 +1,6 @@
 """The metadata store shared by workers, beats, triggerers and the CLI."""
 
 from .store import Store, Transition
+from .sweep_ops import ResetPlan
 
-__all__ = ["Store", "Transition"]
+__all__ = ["ResetPlan", "Store", "Transition"]

@@ -139,6 +139,9 @@ task_records = Table(
     Column("error", Text),
     Column("publish_count", Integer, nullable=False, server_default=text("1")),
     Column("adopted_until", UTCDateTime),
+    Column("recovered_at", UTCDateTime, comment="When a sweep reset, reconciled or adopted it"),
+    Column("late_state", String(16), comment="Outcome reported after it was recovered"),
+    Column("late_at", UTCDateTime),
     Index(
         "ix_task_records_running_job",
         "job_id",
@@ -179,10 +182,20 @@ callbacks = Table(
     Column("task_id", String(255), nullable=False),
     Column("try_number", Integer, nullable=False),
     Column("kind", String(16), nullable=False, comment="failure or retry"),
-    Column("payload", Json, nullable=False),
+    Column("payload", MessageJSON, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
     Column("claimed_by", String(64)),
     Column("claimed_until", UTCDateTime),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Index("ix_callbacks_claimed_until", "claimed_until"),
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(64)),
+    Column("token", BigInteger, nullable=False, server_default=text("0")),
+    Column("expires_at", UTCDateTime),
+    Column("completed_at", UTCDateTime, comment="Last time the guarded work finished"),
 )

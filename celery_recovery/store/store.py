@@ -27,6 +27,7 @@ from ..urls import mask_secrets, mask_url
 from .engine import create_store_engine
 from .migrate import ensure_schema
 from .schema import jobs, task_records
+from .sweep_ops import SweepOperations
 
 T = TypeVar("T")
 
@@ -47,9 +48,8 @@ CLAIM_COLUMNS = (
     "error",
 )
 
-#: Columns whose truth is the published message; a publisher's record sets them
-#: even when a worker already created the try.
-PUBLISHER_COLUMNS = (
+#: What is needed to publish a task again: the message facts a try carries.
+MESSAGE_COLUMNS = (
     "queue",
     "exchange",
     "routing_key",
@@ -60,10 +60,12 @@ PUBLISHER_COLUMNS = (
     "options",
     "republishable",
     "republish_error",
-    "eta",
     "expires",
-    "queued_at",
 )
+
+#: Columns whose truth is the published message; a publisher's record sets them
+#: even when a worker already created the try.
+PUBLISHER_COLUMNS = (*MESSAGE_COLUMNS, "eta", "queued_at")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store:
+class Store(SweepOperations):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:
@@ -282,13 +284,15 @@ class Store:
     def apply_writes(self, writes: Sequence[tuple[str, Any]]) -> None:
         """Apply buffered writes in order, in one transaction (the write-behind path).
 
-        ``writes`` holds ``("queued", record)``, ``("running", record)`` and
-        ``("transition", Transition)`` items; runs of one kind are batched.
+        ``writes`` holds ``("queued", record)``, ``("running", record)``,
+        ``("transition", Transition)`` and ``("late", (task_id, try, state, at))``
+        items; runs of one kind are batched.
         """
         appliers: dict[str, Callable[[Connection, list[Any]], Any]] = {
             "queued": self._insert_queued,
             "running": self._upsert_running_many,
             "transition": self._apply_transitions,
+            "late": self._record_late_outcomes,
         }
         with self.transaction() as conn:
             if self.dialect == "postgresql":
@@ -301,9 +305,7 @@ class Store:
     # -- statements --------------------------------------------------------
 
     def _insert_queued(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
-        conn.execute(
-            self._statement("queued", self._build_insert_queued), _uniform(records)
-        )
+        conn.execute(self._statement("queued", self._build_insert_queued), _uniform(records))
 
     def _build_insert_queued(self) -> Any:
         insert = self._insert(task_records)
@@ -335,6 +337,17 @@ class Store:
             where=or_(*(task_records.c.state == str(s) for s in CLAIMABLE_FOR_RUN)),
         )
 
+    def _record_late_outcomes(self, conn: Connection, items: Sequence[tuple]) -> None:
+        """Keep the outcome a process reported after a sweep had recovered its try."""
+        stmt = self._statement("late", _build_late_outcome)
+        conn.execute(
+            stmt,
+            [
+                {"b_task_id": t, "b_try_number": n, "v_state": s, "v_at": at}
+                for t, n, s, at in items
+            ],
+        )
+
     def _apply_transitions(self, conn: Connection, changes: Sequence[Transition]) -> int:
         won = 0
         for shape, group in _group_transitions(changes):
@@ -351,6 +364,19 @@ class Store:
             result = conn.execute(stmt, params[0] if len(params) == 1 else params)
             won += max(result.rowcount, 0)
         return won
+
+
+def _build_late_outcome() -> Any:
+    return (
+        update(task_records)
+        .where(
+            task_records.c.task_id == bindparam("b_task_id"),
+            task_records.c.try_number == bindparam("b_try_number"),
+            task_records.c.recovered_at.is_not(None),
+            task_records.c.late_state.is_(None),
+        )
+        .values(late_state=bindparam("v_state"), late_at=bindparam("v_at"))
+    )
 
 
 def _build_transition(
@@ -393,8 +419,6 @@ def _uniform(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row["external_executor_id"] = record["task_id"]
         rows.append(row)
     return rows
-
-
 
 
 _TransitionShape = tuple[tuple[TaskState, ...], tuple[str, ...], bool]

@@ -13,15 +13,24 @@ import os
 import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 
 from celery_recovery import Recovery
 
 
 def create_app(
-    broker: str, backend: str, queue: str, recovery: dict[str, Any] | None = None
+    broker: str,
+    backend: str,
+    queue: str,
+    recovery: dict[str, Any] | None = None,
+    acks_late: bool = False,
+    visibility_timeout: float | None = None,
 ) -> Celery:
-    """A lifecycle app; ``recovery`` holds the overrides to install celery-recovery with."""
+    """A lifecycle app; ``recovery`` holds the overrides to install celery-recovery with.
+
+    ``visibility_timeout`` also makes kombu look for unacknowledged messages to
+    restore every second (instead of every ~100 s), so tests see redelivery soon.
+    """
     app = Celery("lifecycle", set_as_current=False)
     app.conf.update(
         broker_url=broker,
@@ -32,11 +41,33 @@ def create_app(
         broker_connection_retry_on_startup=True,
         accept_content=["json", "pickle"],
         result_accept_content=["json", "pickle"],
+        task_acks_late=acks_late,
     )
+    if visibility_timeout is not None:
+        app.conf.broker_transport_options = {
+            "visibility_timeout": visibility_timeout,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        }
     _register_tasks(app)
     if recovery is not None:
         Recovery(app, **recovery)
     return app
+
+
+def _append(path: str, line: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(line + "\n")
+
+
+class LedgerTask(Task):
+    """Records each on_failure/on_retry call in the task's ledger file."""
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        _append(args[0], f"on_failure {type(exc).__name__} pid={os.getpid()}")
+
+    def on_retry(self, exc, task_id, args, kwargs, einfo):
+        _append(args[0], f"on_retry {type(exc).__name__} pid={os.getpid()}")
 
 
 def _register_tasks(app: Celery) -> None:
@@ -63,6 +94,26 @@ def _register_tasks(app: Celery) -> None:
         time.sleep(seconds)
         return seconds
 
+    @app.task(shared=False, name="lifecycle.ledger_sleep", bind=True, max_retries=3)
+    def ledger_sleep(self, ledger, seconds):
+        """Writes 'start' and 'done' lines to a file, so tests can count real runs."""
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        time.sleep(seconds)
+        _append(ledger, f"done try={self.request.retries + 1} pid={os.getpid()}")
+        return seconds
+
+    @app.task(
+        shared=False,
+        name="lifecycle.ledger_sleep_once",
+        bind=True,
+        max_retries=0,
+        base=LedgerTask,
+    )
+    def ledger_sleep_once(self, ledger, seconds):
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        time.sleep(seconds)
+        return seconds
+
     @app.task(shared=False, name="lifecycle.describe", serializer="pickle")
     def describe(value):
         return repr(value)
@@ -73,5 +124,17 @@ app = create_app(
     os.environ.get("RECOVERY_TEST_BACKEND", "redis://127.0.0.1:6379/10"),
     os.environ.get("RECOVERY_TEST_QUEUE", "celery"),
     None if os.environ.get("RECOVERY_TEST_PLAIN", "1") == "1" else {},
+    acks_late=os.environ.get("RECOVERY_TEST_ACKS_LATE") == "1",
+    visibility_timeout=(
+        float(os.environ["RECOVERY_TEST_VISIBILITY"])
+        if os.environ.get("RECOVERY_TEST_VISIBILITY")
+        else None
+    ),
 )
+if os.environ.get("RECOVERY_TEST_BEAT_INTERVAL"):
+    from celery_recovery.beat_schedules import recovery_beat_schedule
+
+    app.conf.beat_schedule = recovery_beat_schedule(
+        sweep_interval=float(os.environ["RECOVERY_TEST_BEAT_INTERVAL"])
+    )
 app.set_current()

@@ -121,7 +121,7 @@ def upgrade() -> None:
         sa.Column("task_id", sa.String(255), nullable=False),
         sa.Column("try_number", sa.Integer, nullable=False),
         sa.Column("kind", sa.String(16), nullable=False, comment="failure or retry"),
-        sa.Column("payload", Json, nullable=False),
+        sa.Column("payload", MessageJSON, nullable=False),
         sa.Column("created_at", UTCDateTime, nullable=False),
         sa.Column("claimed_by", sa.String(64)),
         sa.Column("claimed_until", UTCDateTime),

@@ -1,0 +1,130 @@
+"""Stale and duplicate deliveries: never run a try's body twice.
+
+After a sweep re-published a try, the broker may still hand out the original
+message (Redis restores unacknowledged messages after its visibility timeout,
+RabbitMQ requeues them when the dead worker's connection drops, and a message
+the lost-message sweep replaced may only have been slow).  Redis also
+restores a message whose task is still running past the visibility timeout.
+
+The check runs at ``task_prerun``, before the try is claimed, and only for
+deliveries that can be stale (so the hot path does not pay a round trip):
+those the broker marks redelivered, and those published longer ago than half
+of ``recovery_queued_timeout`` (the lost-message sweep only replaces older
+ones).  A delivery is dropped when its try was superseded by a later try, is
+already finished, or is running in a live job.  Signals cannot skip a task
+body, so :func:`install_stale_delivery_guard` gives every task of the app a
+``before_start`` that raises ``Ignore`` for a dropped delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import Ignore
+
+from .errors import StoreError
+from .messages import try_number_of
+from .republish import PUBLISHED_AT_HEADER
+from .states import FINISHED_TASK_STATES, JobState, TaskState
+from .timeutils import utcnow
+
+if TYPE_CHECKING:
+    from .recovery import Recovery
+
+logger = logging.getLogger("celery_recovery.execution")
+
+_GUARDED = "_celery_recovery_guarded"
+_dropped = threading.local()
+
+
+def install_stale_delivery_guard(recovery: Recovery) -> None:
+    """Guard every task of the app, now if it is finalized, else when it is."""
+    app = recovery.app
+
+    def guard_all(*_: Any, **__: Any) -> None:
+        for task in list(app.tasks.values()):
+            if not task.name.startswith(("celery.", "celery_recovery.")):
+                _guard(type(task))
+
+    if app.finalized:
+        guard_all()
+    else:
+        app.on_after_finalize.connect(guard_all, weak=False)
+
+
+def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
+    """At ``task_prerun``: True (and the body will be skipped) for a stale delivery."""
+    request = task.request
+    if not _may_be_stale(request, recovery.settings.queued_timeout):
+        return False
+    try_number = try_number_of(request)
+    runtime = recovery.runtime
+    # This process may have just finished the try, with its outcome still buffered.
+    runtime.writer.flush(timeout=2.0)
+    try:
+        view = recovery.store.delivery_view(task_id, try_number)
+    except StoreError as exc:
+        # Availability over certainty: without the store the delivery runs.
+        runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
+        return False
+    why = _stale_because(view, try_number, recovery.settings.zombie_threshold)
+    if why is None:
+        return False
+    logger.warning(
+        "celery-recovery: dropping stale delivery of %s[%s] try %d: %s",
+        task.name,
+        task_id,
+        try_number,
+        why,
+    )
+    _dropped.task_id = task_id
+    return True
+
+
+def was_dropped(task_id: str, forget: bool = True) -> bool:
+    """True when this thread dropped ``task_id`` as a stale delivery."""
+    dropped = getattr(_dropped, "task_id", None) == task_id
+    if dropped and forget:
+        _dropped.task_id = None
+    return dropped
+
+
+def _stale_because(view: dict[str, Any], try_number: int, threshold: float) -> str | None:
+    state = view["state"]
+    if view["latest"] > try_number:
+        return f"superseded by try {view['latest']}"
+    if state in FINISHED_TASK_STATES:
+        return f"the try is already {state}"
+    if state == TaskState.RUNNING and view["job_state"] == JobState.RUNNING:
+        heartbeat = view["job_heartbeat"]
+        if heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=threshold):
+            return f"the try is running in live job {view['job_id']}"
+    return None
+
+
+def _guard(cls: type) -> None:
+    if cls.__dict__.get(_GUARDED):
+        return
+    original = cls.before_start
+
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
+        if was_dropped(task_id, forget=False):
+            raise Ignore()
+        return original(self, task_id, args, kwargs)
+
+    cls.before_start = before_start  # type: ignore[attr-defined]
+    setattr(cls, _GUARDED, True)
+
+
+def _may_be_stale(request: Any, queued_timeout: float) -> bool:
+    delivery = request.delivery_info or {}
+    if delivery.get("redelivered"):
+        return True
+    published = getattr(request, PUBLISHED_AT_HEADER, None)
+    if isinstance(published, int | float):
+        return time.time() - published > queued_timeout / 2
+    return False

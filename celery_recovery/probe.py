@@ -1,0 +1,49 @@
+"""Ask the result backend what really happened to a task before touching its record."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, states
+
+logger = logging.getLogger("celery_recovery.probe")
+
+#: Our state for "the backend could not be asked" (down, or none configured).
+UNKNOWN = "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The backend's view of one task id."""
+
+    state: str
+    result: Any = None
+    hostname: str | None = None
+    pid: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (states.SUCCESS, states.FAILURE)
+
+
+def probe(app: Celery, task_id: str) -> Probe:
+    """The backend's state of ``task_id``; :data:`UNKNOWN` when it cannot answer.
+
+    A disabled backend knows nothing, which is the same as ``PENDING``.
+    """
+    backend = app.backend
+    try:
+        meta = backend.get_task_meta(task_id)
+    except NotImplementedError:
+        return Probe(states.PENDING)
+    except Exception as exc:
+        logger.warning("celery-recovery: result backend did not answer for %s: %s", task_id, exc)
+        return Probe(UNKNOWN)
+    state = meta.get("status") or states.PENDING
+    result = meta.get("result")
+    hostname = pid = None
+    if state == states.STARTED and isinstance(result, dict):
+        hostname, pid = result.get("hostname"), result.get("pid")
+    return Probe(state, result, hostname, pid)

@@ -1,0 +1,128 @@
+"""Durable failure callbacks: run ``on_failure``/``on_retry`` for tries a sweep failed.
+
+A callback row is written in the same transaction that fails or retries the
+try (the outbox).  Delivery claims due rows under a lease (row locks with
+SKIP LOCKED on PostgreSQL), commits, and only then, with no transaction
+open, runs the task's ``on_failure`` (or ``on_retry``), Celery's
+``task_failure`` signal (failures only) and the listeners registered with
+:meth:`celery_recovery.Recovery.add_failure_listener`, each in a thread
+given ``recovery_callback_timeout`` seconds.  The row is deleted afterwards.
+
+Exactly once in the normal case.  Twice: the delivering process dies (or
+stalls past the claim lease) after running the callbacks and before deleting
+the row, so another sweep claims it again.  Never: the row is dropped after
+:data:`MAX_ATTEMPTS` deliveries that each died, or the store loses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from billiard.einfo import ExceptionInfo
+from celery.signals import task_failure
+
+from ..errors import LostWorkerError
+from .context import SweepContext
+
+logger = logging.getLogger("celery_recovery.callbacks")
+
+#: Deliveries of one row that may die before it is given up.
+MAX_ATTEMPTS = 5
+
+
+def deliver_callbacks(ctx: SweepContext) -> None:
+    settings = ctx.recovery.settings
+    store = ctx.recovery.store
+    lease = settings.callback_timeout * 4 + 10
+    rows = store.claim_callbacks(ctx.now, ctx.holder, lease)
+    for row in rows:
+        with ctx.isolated(f"callback {row['id']} of {row['task_id']}"):
+            if row["attempts"] > MAX_ATTEMPTS:
+                logger.error(
+                    "celery-recovery: giving up the %s callback of %s try %s after %d attempts",
+                    row["kind"],
+                    row["task_id"],
+                    row["try_number"],
+                    row["attempts"] - 1,
+                )
+                store.delete_callback(row["id"], ctx.holder)
+                continue
+            ok = _deliver(ctx, row)
+            store.delete_callback(row["id"], ctx.holder)
+            if ok:
+                ctx.report.callbacks_delivered += 1
+            else:
+                ctx.report.callbacks_failed += 1
+
+
+def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
+    payload = row["payload"] or {}
+    task_id, try_number, kind = row["task_id"], row["try_number"], row["kind"]
+    exc = LostWorkerError(payload.get("reason") or "worker lost", task_id, try_number)
+    einfo = _einfo(exc)
+    args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
+    task = ctx.recovery.app.tasks.get(payload.get("task_name") or "")
+    timeout = ctx.recovery.settings.callback_timeout
+    ok = True
+    if task is not None:
+        handler = task.on_failure if kind == "failure" else task.on_retry
+        ok &= _run(f"{task.name}.on_{kind}", timeout, handler, exc, task_id, args, kwargs, einfo)
+        if kind == "failure":
+            ok &= _run(
+                "task_failure signal",
+                timeout,
+                task_failure.send,
+                sender=task,
+                task_id=task_id,
+                exception=exc,
+                args=args,
+                kwargs=kwargs,
+                traceback=einfo.traceback,
+                einfo=einfo,
+            )
+    for listener in list(ctx.recovery.failure_listeners):
+        ok &= _run(
+            getattr(listener, "__qualname__", repr(listener)),
+            timeout,
+            listener,
+            task_id=task_id,
+            task_name=payload.get("task_name"),
+            try_number=try_number,
+            kind=kind,
+            exception=exc,
+        )
+    return ok
+
+
+def _run(name: str, timeout: float, func: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """Run one callback in its own thread; a slow or raising one cannot hold up the rest."""
+    outcome: dict[str, BaseException] = {}
+
+    def target() -> None:
+        try:
+            func(*args, **kwargs)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"celery-recovery-callback {name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        logger.error(
+            "celery-recovery: callback %s still running after %ss; moving on", name, timeout
+        )
+        return False
+    if "error" in outcome:
+        logger.error("celery-recovery: callback %s raised %r", name, outcome["error"])
+        return False
+    return True
+
+
+def _einfo(exc: BaseException) -> ExceptionInfo:
+    try:
+        raise exc
+    except type(exc):
+        return ExceptionInfo()

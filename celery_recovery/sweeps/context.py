@@ -1,0 +1,54 @@
+"""What one sweep pass carries: the installation, the time, the report, error isolation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..recovery import Recovery
+
+logger = logging.getLogger("celery_recovery.sweep")
+
+
+@dataclass
+class SweepReport:
+    """Counts of what one sweep pass found and did; ``duration`` in seconds."""
+
+    zombies: int = 0
+    republished: int = 0
+    failed: int = 0
+    adopted: int = 0
+    reconciled: int = 0
+    lost_messages: int = 0
+    lost_republished: int = 0
+    dead_jobs: int = 0
+    callbacks_delivered: int = 0
+    callbacks_failed: int = 0
+    races_lost: int = 0
+    errors: int = 0
+    duration: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SweepContext:
+    recovery: Recovery
+    now: datetime
+    report: SweepReport
+    holder: str
+
+    @contextmanager
+    def isolated(self, what: str) -> Iterator[None]:
+        """Run one item; any error is logged and counted, never raised out of the sweep."""
+        try:
+            yield
+        except Exception:
+            self.report.errors += 1
+            logger.exception("celery-recovery: sweep failed on %s; continuing", what)

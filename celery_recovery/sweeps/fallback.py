@@ -1,0 +1,79 @@
+"""No single point of failure: workers run the sweep themselves when beat's stop.
+
+Each worker process's heartbeat thread checks, once per sweep interval,
+when a sweep last finished.  If none has for ``3 x recovery_sweep_interval``
+(beat down, or no beat configured), the first process to take the
+``sweep-fallback`` lease runs it; the lease's fencing token grows with each
+new holder, so only one process at a time sweeps this way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from ..errors import StoreError
+from ..timeutils import utcnow
+from .runner import SWEEP_COMPLETION, run_sweep
+
+if TYPE_CHECKING:
+    from ..recovery import Recovery
+
+logger = logging.getLogger("celery_recovery.sweep")
+
+LEASE = "sweep-fallback"
+#: Sweep intervals without a finished sweep before workers take over.
+MISSED_SWEEPS = 3
+
+
+class SweepFallback:
+    """Called from a worker's heartbeat thread on every beat."""
+
+    def __init__(self, recovery: Recovery, holder: str) -> None:
+        self.recovery = recovery
+        self.holder = holder
+        self.started = time.monotonic()
+        self._next_check = 0.0
+        self._active = False
+        self._own_completion: datetime | None = None
+
+    def __call__(self) -> None:
+        interval = self.recovery.settings.sweep_interval
+        if time.monotonic() < self._next_check:
+            return
+        self._next_check = time.monotonic() + interval
+        try:
+            self._check(interval)
+        except StoreError as exc:
+            logger.debug("celery-recovery: sweep fallback skipped: %s", exc)
+
+    def _check(self, interval: float) -> None:
+        store = self.recovery.store
+        now = utcnow()
+        allowed = MISSED_SWEEPS * interval
+        last = store.last_completed(SWEEP_COMPLETION)
+        if self._active and last is not None and last != self._own_completion:
+            # Someone else (beat back, or another fallback) finished a sweep.
+            self._active = False
+        if not self._active:
+            if last is not None and (now - last).total_seconds() < allowed:
+                return
+            if last is None and time.monotonic() - self.started < allowed:
+                return
+        token = store.acquire_lease(LEASE, self.holder, now, ttl=max(allowed, 10.0))
+        if token is None:
+            self._active = False
+            return
+        if not self._active:
+            logger.warning(
+                "celery-recovery: no sweep has finished for %ss (is beat running?); "
+                "this worker sweeps every %ss until one does (fallback lease token %s)",
+                allowed,
+                interval,
+                token,
+            )
+            self._active = True
+        run_sweep(self.recovery)
+        self._own_completion = store.last_completed(SWEEP_COMPLETION)

@@ -1,0 +1,32 @@
+"""Dead jobs: processes whose heartbeat stopped are marked ``failed``; a dead beat is reported."""
+
+from __future__ import annotations
+
+import logging
+
+from ..states import JobType
+from .context import SweepContext
+
+logger = logging.getLogger("celery_recovery.sweep")
+
+
+def sweep_dead_jobs(ctx: SweepContext) -> None:
+    settings = ctx.recovery.settings
+    thresholds = {
+        # Worker jobs are ended by the zombie sweep together with their tries;
+        # only idle ones (no running try) are left for this pass.
+        JobType.WORKER: settings.zombie_threshold,
+        JobType.BEAT: settings.health_check_threshold,
+        JobType.TRIGGERER: settings.health_check_threshold,
+    }
+    for job in ctx.recovery.store.fail_dead_jobs(ctx.now, thresholds):
+        ctx.report.dead_jobs += 1
+        log = logger.warning if job["job_type"] != JobType.WORKER else logger.info
+        log(
+            "celery-recovery: %s job %s on %s (pid %s) stopped heartbeating at %s; marked failed",
+            job["job_type"],
+            job["id"],
+            job["hostname"],
+            job["pid"],
+            job["latest_heartbeat"],
+        )

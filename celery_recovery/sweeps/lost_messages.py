@@ -1,0 +1,51 @@
+"""Lost messages: queued tries no worker started within ``recovery_queued_timeout``.
+
+A message can vanish between publisher and worker (a broker restart without
+persistence, a purge, a transport that keeps unacknowledged messages only in
+a worker's memory).  Only our publish-time record can tell "still queued"
+from "lost": the result backend reads ``PENDING`` for both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import states
+
+from ..probe import UNKNOWN, probe
+from ..states import TaskState
+from .context import SweepContext
+from .resets import reset, take_backend_outcome
+
+
+def sweep_lost_messages(ctx: SweepContext) -> None:
+    settings = ctx.recovery.settings
+    for record in ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout):
+        with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
+            _handle(ctx, record)
+
+
+def _handle(ctx: SweepContext, record: dict[str, Any]) -> None:
+    seen = probe(ctx.recovery.app, record["task_id"])
+    if seen.state == UNKNOWN:
+        ctx.report.errors += 1
+        return
+    if take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded"):
+        return
+    if seen.state != states.PENDING:
+        return  # started or retrying somewhere: its own signals will catch up
+    ctx.report.lost_messages += 1
+    waited = int(ctx.recovery.settings.queued_timeout)
+    publish_count = int(record.get("publish_count") or 1) + 1
+    result = reset(
+        ctx,
+        record,
+        expected_state=TaskState.QUEUED,
+        why=f"message lost: not started within {waited}s of being queued",
+        count_retries=False,
+        publish_count=publish_count,
+    )
+    if result == "republished":
+        ctx.report.lost_republished += 1
+    elif result == "failed":
+        ctx.report.failed += 1

@@ -1,0 +1,145 @@
+"""Reset a try whose worker or message was lost: retry it as the next try, or fail it.
+
+The decision, the next try's record, the failure callback row and the dead
+job all change in one transaction; the new message is published only after
+that transaction committed, and only by the sweep that won it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import states
+
+from ..probe import Probe
+from ..republish import republish
+from ..states import TaskState
+from ..store import ResetPlan
+from ..store.store import MESSAGE_COLUMNS
+from .context import SweepContext
+
+logger = logging.getLogger("celery_recovery.sweep")
+
+#: Celery's own default for ``Task.max_retries``, used when the task is not
+#: registered in the sweeping process.
+CELERY_DEFAULT_MAX_RETRIES = 3
+
+#: Columns copied from a try to the try that replaces it.
+_COPIED_COLUMNS = ("task_name", *MESSAGE_COLUMNS)
+
+
+def take_backend_outcome(
+    ctx: SweepContext, record: dict[str, Any], seen: Probe, expected_state: TaskState, why: str
+) -> bool:
+    """If the backend says the task finished, give the try that outcome; True if it did."""
+    outcome = {states.SUCCESS: TaskState.SUCCESS, states.FAILURE: TaskState.FAILED}.get(seen.state)
+    if outcome is None:
+        return False
+    reason = f"reconciled: the result backend reports {seen.state} ({why})"
+    if ctx.recovery.store.reconcile_try(
+        record["task_id"],
+        record["try_number"],
+        expected_state,
+        record.get("job_id"),
+        outcome,
+        reason,
+        ctx.now,
+    ):
+        ctx.report.reconciled += 1
+    else:
+        ctx.report.races_lost += 1
+    return True
+
+
+def max_retries_of(ctx: SweepContext, task_name: str) -> int | None:
+    task = ctx.recovery.app.tasks.get(task_name)
+    if task is None:
+        return CELERY_DEFAULT_MAX_RETRIES
+    return task.max_retries
+
+
+def reset(
+    ctx: SweepContext,
+    record: dict[str, Any],
+    *,
+    expected_state: TaskState,
+    why: str,
+    count_retries: bool = True,
+    dead_job_id: str | None = None,
+    publish_count: int = 1,
+) -> str:
+    """Retry or fail one try; returns ``"republished"``, ``"failed"`` or ``"lost race"``."""
+    try_number = int(record["try_number"])
+    max_retries = max_retries_of(ctx, record["task_name"])
+    if not record.get("republishable", True):
+        new_state, reason = TaskState.FAILED, f"{why}; {record.get('republish_error')}"
+    elif count_retries and max_retries is not None and try_number > max_retries:
+        new_state, reason = TaskState.FAILED, f"{why}; max_retries ({max_retries}) exceeded"
+    elif publish_count > ctx.recovery.settings.max_republish + 1:
+        new_state = TaskState.FAILED
+        reason = f"{why}; published {publish_count - 1} times, never started"
+    else:
+        new_state, reason = TaskState.UP_FOR_RETRY, f"{why}; retried as try {try_number + 1}"
+    next_record = None
+    if new_state is TaskState.UP_FOR_RETRY:
+        next_record = {c: record.get(c) for c in _COPIED_COLUMNS}
+        next_record.update(
+            task_id=record["task_id"],
+            try_number=try_number + 1,
+            state=TaskState.QUEUED.value,
+            external_executor_id=record["task_id"],
+            queued_at=ctx.now,
+            updated_at=ctx.now,
+            publish_count=publish_count,
+            state_reason=f"published by the recovery sweep after try {try_number}",
+        )
+    plan = ResetPlan(
+        task_id=record["task_id"],
+        try_number=try_number,
+        expected_state=expected_state,
+        expected_job_id=record.get("job_id"),
+        new_state=new_state,
+        reason=reason,
+        next_record=next_record,
+        callback=_callback_row(ctx, record, new_state, reason),
+        dead_job_id=dead_job_id,
+    )
+    won, inserted = ctx.recovery.store.apply_reset(plan, ctx.now)
+    if not won:
+        ctx.report.races_lost += 1
+        logger.debug("celery-recovery: try %s/%s changed meanwhile", plan.task_id, try_number)
+        return "lost race"
+    logger.warning(
+        "celery-recovery: task %s[%s] try %d %s",
+        record["task_name"],
+        record["task_id"],
+        try_number,
+        reason,
+    )
+    if new_state is TaskState.FAILED:
+        return "failed"
+    if inserted:
+        # After the commit: a publish failure leaves the next try queued, and the
+        # lost-message sweep publishes it once it is overdue.
+        republish(ctx.recovery.app, record, try_number + 1)
+    return "republished"
+
+
+def _callback_row(
+    ctx: SweepContext, record: dict[str, Any], new_state: TaskState, reason: str
+) -> dict[str, Any]:
+    return {
+        "task_id": record["task_id"],
+        "try_number": int(record["try_number"]),
+        "kind": "failure" if new_state is TaskState.FAILED else "retry",
+        "payload": {
+            "task_name": record["task_name"],
+            "reason": reason,
+            "args": record.get("args") or [],
+            "kwargs": record.get("kwargs") or {},
+            "job_id": record.get("job_id"),
+            "hostname": record.get("job_hostname") or record.get("worker_hostname"),
+        },
+        "created_at": ctx.now,
+    }

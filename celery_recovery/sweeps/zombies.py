@@ -1,0 +1,72 @@
+"""Zombies: running tries whose worker stopped heartbeating.
+
+Each zombie is first checked against the result backend (adoption): a
+finished task takes its real outcome and is not run again; a task a live
+worker reports as started is re-pointed to that worker; a task the worker
+had already retried is marked ``up_for_retry``.  Only when nothing alive
+knows the task is it reset (retried as the next try, or failed).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import states
+
+from ..probe import UNKNOWN, probe
+from ..states import JobType, TaskState
+from .context import SweepContext
+from .resets import reset, take_backend_outcome
+
+logger = logging.getLogger("celery_recovery.sweep")
+
+
+def sweep_zombies(ctx: SweepContext) -> None:
+    settings = ctx.recovery.settings
+    store = ctx.recovery.store
+    zombies = store.find_zombies(ctx.now, settings.zombie_threshold)
+    if not zombies:
+        return
+    ctx.report.zombies += len(zombies)
+    live = {
+        (job["node_name"], job["pid"]): job
+        for job in store.live_jobs(ctx.now, settings.zombie_threshold, JobType.WORKER)
+    }
+    for zombie in zombies:
+        with ctx.isolated(f"zombie {zombie['task_id']}/{zombie['try_number']}"):
+            _handle(ctx, zombie, live)
+
+
+def _handle(ctx: SweepContext, zombie: dict[str, Any], live: dict[tuple, dict]) -> None:
+    store = ctx.recovery.store
+    task_id, try_number, job_id = zombie["task_id"], zombie["try_number"], zombie["job_id"]
+    seen = probe(ctx.recovery.app, task_id)
+    if seen.state == UNKNOWN:
+        # Resetting blind could run a finished task again; try on the next pass.
+        ctx.report.errors += 1
+        return
+    if take_backend_outcome(ctx, zombie, seen, TaskState.RUNNING, "worker lost"):
+        return
+    if seen.state == states.RETRY:
+        reason = "reconciled: the worker had retried it before it was lost"
+        if store.reconcile_try(
+            task_id, try_number, TaskState.RUNNING, job_id, TaskState.UP_FOR_RETRY, reason, ctx.now
+        ):
+            ctx.report.reconciled += 1
+        return
+    owner = live.get((seen.hostname, seen.pid)) if seen.state == states.STARTED else None
+    if owner is not None and owner["id"] != job_id:
+        reason = f"adopted by live job {owner['id']} ({seen.hostname}, pid {seen.pid})"
+        if store.adopt_try(task_id, try_number, job_id, owner["id"], reason, ctx.now):
+            ctx.report.adopted += 1
+        return
+    why = (
+        f"worker lost: job {job_id} ({zombie.get('job_hostname')}, pid {zombie.get('job_pid')}) "
+        f"last heartbeat {zombie.get('job_heartbeat')}"
+    )
+    result = reset(ctx, zombie, expected_state=TaskState.RUNNING, why=why, dead_job_id=job_id)
+    if result == "republished":
+        ctx.report.republished += 1
+    elif result == "failed":
+        ctx.report.failed += 1

@@ -1,0 +1,56 @@
+"""Helpers for sweep tests: run sweeps like beat would, read ledgers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from celery_recovery.recovery import recovery_for_app
+from tests.workers import wait_for
+
+
+def ledger_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def count(path: Path, prefix: str) -> int:
+    return sum(1 for line in ledger_lines(path) if line.startswith(prefix))
+
+
+def sweep_until(app, condition, timeout: float, what: str):
+    """Run a sweep every recovery_sweep_interval (as beat would) until ``condition()``."""
+    recovery = recovery_for_app(app)
+    interval = recovery.settings.sweep_interval
+    last = [0.0]
+
+    def step():
+        if time.monotonic() - last[0] >= interval:
+            recovery.sweep()
+            last[0] = time.monotonic()
+        return condition()
+
+    return wait_for(step, timeout, interval=0.1, what=what)
+
+
+def run_concurrently(func, times: int = 2) -> list:
+    """Call ``func`` from ``times`` threads released at the same instant; their results."""
+    barrier = threading.Barrier(times)
+    results: list = []
+
+    def run():
+        barrier.wait()
+        results.append(func())
+
+    threads = [threading.Thread(target=run) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def try_started(store, task_id: str, try_number: int) -> bool:
+    return any(
+        t["try_number"] == try_number and t["state"] != "queued" for t in store.tries(task_id)
+    )

@@ -1,0 +1,184 @@
+"""Deterministic races around a sweep: every outcome is one compare-and-set winner.
+
+The zombies here are made directly in the store (a job whose heartbeat is
+old, a try running in it); the sweep publishes through real Redis.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from celery_recovery import JobState, JobType, TaskState
+from celery_recovery.recovery import recovery_for_app
+from celery_recovery.store import Transition
+from celery_recovery.timeutils import utcnow
+from tests.sweeps.helpers import run_concurrently
+
+
+def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle.add"):
+    past = utcnow() - timedelta(seconds=age)
+    store.add_job(
+        {
+            "id": job_id,
+            "job_type": JobType.WORKER,
+            "hostname": "gone",
+            "node_name": "w@gone",
+            "pid": 4242,
+            "state": JobState.RUNNING,
+            "start_date": past,
+            "latest_heartbeat": past,
+        }
+    )
+    store.record_queued(
+        [
+            {
+                "task_id": task_id,
+                "try_number": 1,
+                "task_name": task_name,
+                "state": "queued",
+                "queue": "unused",
+                "args": [1, 2],
+                "kwargs": {},
+                "queued_at": past,
+                "updated_at": past,
+            }
+        ]
+    )
+    assert store.mark_running(
+        {
+            "task_id": task_id,
+            "try_number": 1,
+            "task_name": task_name,
+            "state": "running",
+            "job_id": job_id,
+            "started_at": past,
+            "updated_at": past,
+        }
+    )
+
+
+@pytest.fixture
+def recovery(client_app):
+    return recovery_for_app(client_app)
+
+
+def test_late_success_after_the_reset_keeps_the_new_try_and_records_the_outcome(store, recovery):
+    make_zombie(store, "t1")
+    report = recovery.sweep()
+    assert (report.zombies, report.republished) == (1, 1)
+    # The "dead" worker was only paused: it now reports its old try's success.
+    now = utcnow()
+    store.apply_writes(
+        [
+            ("transition", Transition("t1", 1, (TaskState.RUNNING,), {"state": "success"})),
+            ("late", ("t1", 1, "success", now)),
+        ]
+    )
+    first, second = store.tries("t1")
+    assert first["state"] == TaskState.UP_FOR_RETRY and first["late_state"] == "success"
+    assert second["state"] == TaskState.QUEUED and second["late_state"] is None
+
+
+def test_success_reported_before_the_reset_wins_and_nothing_is_republished(store, recovery):
+    make_zombie(store, "t1")
+    zombies = store.find_zombies(utcnow(), recovery.settings.zombie_threshold)
+    assert [z["task_id"] for z in zombies] == ["t1"]
+    # The postrun write lands between the sweep's find and its reset.
+    store.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS)
+    report = recovery.sweep()
+    assert report.republished == 0 and report.errors == 0
+    assert [t["state"] for t in store.tries("t1")] == [TaskState.SUCCESS]
+    assert store.pending_callbacks() == []
+
+
+def test_two_sweeps_over_the_same_zombies_handle_each_once(store, recovery):
+    for i in range(20):
+        make_zombie(store, f"t{i}", job_id=f"dead{i % 3}")
+    reports = run_concurrently(recovery.sweep)
+    assert sum(r.republished for r in reports) == 20
+    assert sum(r.errors for r in reports) == 0
+    for i in range(20):
+        assert [t["state"] for t in store.tries(f"t{i}")] == [
+            TaskState.UP_FOR_RETRY,
+            TaskState.QUEUED,
+        ]
+
+
+def test_heartbeat_arriving_during_the_sweep_is_not_an_error(store, recovery, monkeypatch):
+    make_zombie(store, "t1")
+    found = store.find_zombies
+
+    def find_then_beat(*args, **kwargs):
+        rows = found(*args, **kwargs)
+        store.heartbeat("deadjob", utcnow())  # the paused worker wakes up now
+        return rows
+
+    monkeypatch.setattr(store, "find_zombies", find_then_beat)
+    monkeypatch.setattr(recovery, "store", store)
+    report = recovery.sweep()
+    assert report.errors == 0 and report.republished == 1
+    assert store.get_job("deadjob")["state"] == JobState.FAILED
+
+
+def test_a_redelivery_reclaiming_the_try_first_makes_the_reset_lose(store, recovery):
+    make_zombie(store, "t1")
+    # acks_late: the broker redelivered the message to a live worker, which claimed it.
+    assert store.mark_running(
+        {
+            "task_id": "t1",
+            "try_number": 1,
+            "task_name": "lifecycle.add",
+            "state": "running",
+            "job_id": "livejob",
+            "started_at": utcnow(),
+            "updated_at": utcnow(),
+        }
+    )
+    store.add_job(
+        {
+            "id": "livejob",
+            "job_type": JobType.WORKER,
+            "hostname": "h",
+            "pid": 1,
+            "state": JobState.RUNNING,
+            "start_date": utcnow(),
+            "latest_heartbeat": utcnow(),
+        }
+    )
+    report = recovery.sweep()
+    assert report.zombies == 0 and report.republished == 0
+    assert store.tries("t1")[0]["job_id"] == "livejob"
+
+
+def test_one_bad_row_does_not_stop_the_others(store, recovery):
+    make_zombie(store, "good")
+    make_zombie(store, "bad", job_id="dead2", task_name="lifecycle.add")
+    real = recovery.app.send_task
+
+    def send_task(name, *args, **kwargs):
+        if kwargs.get("task_id") == "bad":
+            raise RuntimeError("broker refused this one")
+        return real(name, *args, **kwargs)
+
+    recovery.app.send_task = send_task
+    try:
+        report = recovery.sweep()
+    finally:
+        recovery.app.send_task = real
+    assert report.errors == 1 and report.republished == 1
+    # The bad one's next try stays queued: the lost-message sweep publishes it later.
+    assert [t["state"] for t in store.tries("bad")] == [TaskState.UP_FOR_RETRY, TaskState.QUEUED]
+    assert [t["state"] for t in store.tries("good")] == [TaskState.UP_FOR_RETRY, TaskState.QUEUED]
+
+
+def test_store_errors_mid_pass_are_reported_not_raised(recovery, monkeypatch):
+    from celery_recovery.errors import StoreUnavailableError
+
+    def down(*args, **kwargs):
+        raise StoreUnavailableError("store went away")
+
+    monkeypatch.setattr(recovery.store, "find_zombies", down)
+    report = recovery.sweep()
+    assert report.errors >= 1

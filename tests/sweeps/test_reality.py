@@ -1,0 +1,108 @@
+"""The sweep asks reality first: backend outcomes win, lost messages are sent again."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from celery_recovery import JobType, TaskState
+from celery_recovery.recovery import recovery_for_app
+from celery_recovery.store import Store
+from tests.proxy import TcpProxy
+from tests.sweeps.helpers import sweep_until
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_success_whose_write_was_lost_is_reconciled_not_rerun(
+    pg_url, make_client_app, start_worker, tmp_path
+):
+    proxy = TcpProxy("127.0.0.1", 5432).start()
+    worker_url = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    client = make_client_app(pg_url)
+    store = Store(pg_url)
+    worker = start_worker(store_url=worker_url, concurrency=1)
+    result = client.send_task("lifecycle.sleep_for", (2,))
+    wait_for(
+        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries(result.id)),
+        15,
+        what="the claim",
+    )
+    proxy.cut()  # the store goes away while the task runs: its success write is buffered
+    assert result.get(timeout=15) == 2  # the result backend has SUCCESS
+    worker.kill()  # ...and the buffered write dies with the worker
+
+    report = sweep_until(
+        client,
+        lambda: store.tries(result.id)[0]["state"] != TaskState.RUNNING,
+        20,
+        "the zombie to be reconciled",
+    )
+    (record,) = store.tries(result.id)
+    assert record["state"] == TaskState.SUCCESS
+    assert "result backend reports SUCCESS" in record["state_reason"]
+    assert report is True
+    store.dispose()
+
+
+def test_message_deleted_from_the_broker_is_published_again_and_completes(
+    make_client_app, store_url, store, start_worker, broker_urls, queue
+):
+    client = make_client_app(store_url, queued_timeout=2)
+    result = client.send_task("lifecycle.add", (20, 22))
+    assert recovery_for_app(client).flush()
+    # The message vanishes between publisher and worker.
+    broker = redis.Redis.from_url(broker_urls[0])
+    assert broker.delete(queue) == 1
+    start_worker()
+
+    sweep_until(client, result.ready, 20, "the lost message to be re-sent and run")
+    assert result.get(timeout=5) == 42
+    tries = wait_for(
+        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        10,
+        what="try 2 to succeed",
+    )
+    assert [(t["try_number"], t["state"]) for t in tries] == [
+        (1, TaskState.UP_FOR_RETRY),
+        (2, TaskState.SUCCESS),
+    ]
+    assert "message lost" in tries[0]["state_reason"]
+    assert tries[1]["publish_count"] == 2
+
+
+def test_lost_messages_are_failed_after_the_republish_bound(
+    make_client_app, store_url, store, broker_urls, queue
+):
+    client = make_client_app(store_url, queued_timeout=1, max_republish=1)
+    result = client.send_task("lifecycle.add", (1, 1))
+    recovery = recovery_for_app(client)
+    assert recovery.flush()
+    broker = redis.Redis.from_url(broker_urls[0])
+
+    def lose_and_sweep():
+        broker.delete(queue)
+        recovery.sweep()
+        return store.tries(result.id)[-1]["state"] == TaskState.FAILED
+
+    wait_for(lose_and_sweep, 15, interval=0.5, what="the task to be failed as lost")
+    tries = store.tries(result.id)
+    assert [t["state"] for t in tries] == [TaskState.UP_FOR_RETRY, TaskState.FAILED]
+    assert "never started" in tries[-1]["state_reason"]
+
+
+def test_live_jobs_are_not_zombies(client_app, store, start_worker):
+    start_worker()
+    result = client_app.send_task("lifecycle.sleep_for", (4,))
+    wait_for(
+        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries(result.id)),
+        15,
+        what="the task to run",
+    )
+    recovery = recovery_for_app(client_app)
+    for _ in range(3):
+        report = recovery.sweep()
+        assert report.zombies == 0 and report.republished == 0
+    assert result.get(timeout=15) == 4
+    assert len(store.list_jobs(JobType.WORKER)) == 2

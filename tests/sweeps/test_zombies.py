@@ -1,0 +1,125 @@
+"""A task whose worker is SIGKILLed is recovered on another worker, exactly once."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from celery_recovery import JobState, TaskState
+from celery_recovery.recovery import recovery_for_app
+from tests.conftest import FAST_SETTINGS
+from tests.sweeps.helpers import count, ledger_lines, run_concurrently, sweep_until, try_started
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+ZOMBIE = FAST_SETTINGS["zombie_threshold"]
+SWEEP = FAST_SETTINGS["sweep_interval"]
+
+
+def running_try(store, task_id):
+    return wait_for(
+        lambda: next((t for t in store.tries(task_id) if t["state"] == TaskState.RUNNING), None),
+        15,
+        what=f"{task_id} to be running",
+    )
+
+
+def test_sigkilled_task_completes_on_another_worker_exactly_once(
+    client_app, store, start_worker, tmp_path
+):
+    ledger = tmp_path / "ledger"
+    doomed = start_worker(name="doomed", concurrency=1)
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 6))
+    first = running_try(store, result.id)
+    start_worker(name="survivor", concurrency=1)
+    doomed.kill()
+    killed = time.monotonic()
+
+    sweep_until(
+        client_app, lambda: try_started(store, result.id, 2), ZOMBIE + SWEEP + 15, "try 2 to start"
+    )
+    recovered_after = time.monotonic() - killed
+    assert recovered_after <= ZOMBIE + SWEEP + 5, recovered_after
+    assert result.get(timeout=30) == 6
+
+    tries = wait_for(
+        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        10,
+        what="try 2 to succeed",
+    )
+    assert [(t["try_number"], t["state"]) for t in tries] == [
+        (1, TaskState.UP_FOR_RETRY),
+        (2, TaskState.SUCCESS),
+    ]
+    assert "worker lost" in tries[0]["state_reason"] and tries[0]["recovered_at"]
+    assert tries[1]["job_id"] != first["job_id"]
+    assert store.get_job(first["job_id"])["state"] == JobState.FAILED
+    assert count(ledger, "start") == 2 and count(ledger, "done") == 1, ledger_lines(ledger)
+
+
+def test_exhausted_retries_fail_the_task_and_run_on_failure_once(
+    client_app, store, start_worker, tmp_path
+):
+    ledger = tmp_path / "ledger"
+    doomed = start_worker(name="doomed", concurrency=1)
+    result = client_app.send_task("lifecycle.ledger_sleep_once", (str(ledger), 30))
+    running_try(store, result.id)
+    doomed.kill()
+    recovery = recovery_for_app(client_app)
+    wait_for(lambda: store.find_zombies(_now(), ZOMBIE), ZOMBIE + 5, what="the zombie")
+
+    # Two sweeps at once, as two beats or a beat and a worker fallback would.
+    reports = run_concurrently(recovery.sweep)
+
+    (only,) = store.tries(result.id)
+    assert only["state"] == TaskState.FAILED and "max_retries (0) exceeded" in only["state_reason"]
+    assert sum(r.failed for r in reports) == 1
+    assert sum(r.errors for r in reports) == 0
+    recovery.sweep()  # a later pass delivers nothing more
+    failures = [line for line in ledger_lines(ledger) if line.startswith("on_failure")]
+    assert failures == [f"on_failure LostWorkerError pid={_pid()}"]
+    assert store.pending_callbacks() == []
+
+
+def _now():
+    from celery_recovery.timeutils import utcnow
+
+    return utcnow()
+
+
+def _pid():
+    import os
+
+    return os.getpid()
+
+
+def test_redelivered_original_of_a_recovered_try_does_not_run_again(
+    client_app, store, start_worker, tmp_path
+):
+    # acks_late: Redis restores the killed worker's message after the visibility
+    # timeout, while the sweep has already published try 2.
+    visibility = 4
+    env = {"RECOVERY_TEST_ACKS_LATE": "1", "RECOVERY_TEST_VISIBILITY": str(visibility)}
+    ledger = tmp_path / "ledger"
+    doomed = start_worker(name="doomed", concurrency=1, env=env)
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 8))
+    running_try(store, result.id)
+    survivor = start_worker(name="survivor", concurrency=1, env=env)
+    doomed.kill()
+
+    sweep_until(client_app, result.ready, ZOMBIE + SWEEP + 15, "the recovered task")
+    # Watch well past the visibility timeout: the restored original must be dropped.
+    wait_for(
+        lambda: "dropping stale delivery" in survivor.log,
+        visibility * 4 + 10,
+        what="the restored original to be dropped",
+    )
+    assert count(ledger, "done") == 1, ledger_lines(ledger)
+    assert count(ledger, "start") == 2
+    tries = store.tries(result.id)
+    assert [(t["try_number"], t["state"]) for t in tries] == [
+        (1, TaskState.UP_FOR_RETRY),
+        (2, TaskState.SUCCESS),
+    ]
