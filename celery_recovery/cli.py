@@ -190,6 +190,23 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool) -> None:
         time.sleep(installed.settings.sweep_interval)
 
 
+@recovery.command("demo")
+def demo() -> None:
+    """Show a SIGKILLed worker's task being recovered, with no server needed.
+
+    Starts two real workers (filesystem broker, SQLite result backend and
+    store), sends tasks, SIGKILLs the worker running one, sweeps as beat
+    would, and prints what happens and a summary.  Exits 1 if recovery failed.
+
+    \b
+    Example:
+      celery-recovery demo
+    """
+    from .demo.runner import run_demo
+
+    sys.exit(run_demo())
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -198,3 +215,7 @@ def _first_line(exc: BaseException) -> str:
 def main() -> None:
     """Entry point of the ``celery-recovery`` console script."""
     recovery(prog_name="celery-recovery")
+
+
+if __name__ == "__main__":
+    main()

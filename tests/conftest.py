@@ -23,8 +23,8 @@ from tests.workers import WorkerProcess
 #: Short timings so that tests observe heartbeats quickly.
 FAST_SETTINGS = {
     "heartbeat_interval": 0.5,
-    "zombie_threshold": 2.0,
-    "health_check_threshold": 2.0,
+    "zombie_threshold": 3.0,
+    "health_check_threshold": 3.0,
     "sweep_interval": 1.0,
 }
 

@@ -138,3 +138,16 @@ def test_unknown_preset_lists_the_allowed_ones():
 
     with pytest.raises(ConfigurationError, match="'kubernetes'"):
         preset_settings("k8s")
+
+
+def test_preset_sets_the_timing_defaults_and_explicit_settings_win():
+    s = settings({"recovery_preset": "kubernetes", "recovery_sweep_interval": 1})
+    assert (s.heartbeat_interval, s.zombie_threshold, s.sweep_interval) == (2, 10, 1)
+    with pytest.raises(ConfigurationError, match="recovery_preset='fast'"):
+        settings({"recovery_preset": "fast"})
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "many", True])
+def test_max_republish_must_be_a_whole_number(value):
+    with pytest.raises(ConfigurationError, match="recovery_max_republish"):
+        settings(max_republish=value)

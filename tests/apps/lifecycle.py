@@ -114,6 +114,12 @@ def _register_tasks(app: Celery) -> None:
         time.sleep(seconds)
         return seconds
 
+    @app.task(shared=False, name="lifecycle.slow_first_try", bind=True, max_retries=3)
+    def slow_first_try(self, first_seconds, later_seconds):
+        """Long on its first try (the one a test kills), short once recovered."""
+        time.sleep(first_seconds if self.request.retries == 0 else later_seconds)
+        return self.request.retries + 1
+
     @app.task(shared=False, name="lifecycle.describe", serializer="pickle")
     def describe(value):
         return repr(value)

@@ -96,7 +96,6 @@ def test_with_beat_killed_workers_sweep_one_at_a_time(
     ledger = tmp_path / "ledger"
     beat = start_beat()
     doomed = start_worker(name="doomed", concurrency=1)
-    others = [start_worker(name=f"other{i}", concurrency=2) for i in range(2)]
     wait_for(lambda: store.last_completed("sweep"), 20, what="beat's first sweep")
     (beat_job,) = wait_for(lambda: store.list_jobs(JobType.BEAT), 10, what="beat's job")
     os.killpg(beat.pid, signal.SIGKILL)
@@ -104,6 +103,7 @@ def test_with_beat_killed_workers_sweep_one_at_a_time(
 
     result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 30))
     running_try(store, result.id)
+    others = [start_worker(name=f"other{i}", concurrency=2) for i in range(2)]
     doomed.kill()
     killed = time.monotonic()
 

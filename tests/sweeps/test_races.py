@@ -17,7 +17,7 @@ from celery_recovery.timeutils import utcnow
 from tests.sweeps.helpers import run_concurrently
 
 
-def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle.add"):
+def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle.add", args=(1, 2)):
     past = utcnow() - timedelta(seconds=age)
     store.add_job(
         {
@@ -39,7 +39,7 @@ def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle
                 "task_name": task_name,
                 "state": "queued",
                 "queue": "unused",
-                "args": [1, 2],
+                "args": list(args),
                 "kwargs": {},
                 "queued_at": past,
                 "updated_at": past,

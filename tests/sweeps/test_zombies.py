@@ -99,7 +99,8 @@ def test_redelivered_original_of_a_recovered_try_does_not_run_again(
     client_app, store, start_worker, tmp_path
 ):
     # acks_late: Redis restores the killed worker's message after the visibility
-    # timeout, while the sweep has already published try 2.
+    # timeout, while the sweep may already have published try 2.  Whichever runs
+    # first, the body completes once; every later delivery is dropped.
     visibility = 4
     env = {"RECOVERY_TEST_ACKS_LATE": "1", "RECOVERY_TEST_VISIBILITY": str(visibility)}
     ledger = tmp_path / "ledger"
@@ -109,17 +110,17 @@ def test_redelivered_original_of_a_recovered_try_does_not_run_again(
     survivor = start_worker(name="survivor", concurrency=1, env=env)
     doomed.kill()
 
-    sweep_until(client_app, result.ready, ZOMBIE + SWEEP + 15, "the recovered task")
-    # Watch well past the visibility timeout: the restored original must be dropped.
-    wait_for(
-        lambda: "dropping stale delivery" in survivor.log,
-        visibility * 4 + 10,
-        what="the restored original to be dropped",
-    )
-    assert count(ledger, "done") == 1, ledger_lines(ledger)
+    sweep_until(client_app, result.ready, ZOMBIE + SWEEP + 30, "the recovered task")
+    # Watch well past the visibility timeout: restored copies must not run again.
+    watch_until = time.monotonic() + visibility * 4
+    while time.monotonic() < watch_until:
+        assert count(ledger, "done") == 1, ledger_lines(ledger)
+        recovery_for_app(client_app).sweep()
+        time.sleep(0.5)
+    tries = [(t["try_number"], t["state"]) for t in store.tries(result.id)]
+    assert tries in (
+        [(1, TaskState.SUCCESS)],  # the broker's redelivery claimed the try first
+        [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)],  # the sweep did
+    ), tries
     assert count(ledger, "start") == 2
-    tries = store.tries(result.id)
-    assert [(t["try_number"], t["state"]) for t in tries] == [
-        (1, TaskState.UP_FOR_RETRY),
-        (2, TaskState.SUCCESS),
-    ]
+    assert "dropping stale delivery" in survivor.log or tries == [(1, TaskState.SUCCESS)]
