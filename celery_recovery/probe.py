@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery, states
+from celery.backends.base import BaseKeyValueStoreBackend
 
 logger = logging.getLogger("celery_recovery.probe")
 
@@ -28,6 +29,23 @@ class Probe:
         return self.state in (states.SUCCESS, states.FAILURE)
 
 
+def probe_many(app: Celery, task_ids: list[str]) -> dict[str, Probe]:
+    """Probe several tasks, in one round trip where the backend allows (key-value stores)."""
+    backend = app.backend
+    if len(task_ids) > 1 and isinstance(backend, BaseKeyValueStoreBackend):
+        try:
+            values = backend.mget([backend.get_key_for_task(t) for t in task_ids])
+            return {
+                task_id: _from_meta(
+                    backend.decode_result(value) if value else {"status": states.PENDING}
+                )
+                for task_id, value in zip(task_ids, values, strict=True)
+            }
+        except Exception as exc:
+            logger.warning("celery-recovery: bulk probe failed (%s); probing one by one", exc)
+    return {task_id: probe(app, task_id) for task_id in task_ids}
+
+
 def probe(app: Celery, task_id: str) -> Probe:
     """The backend's state of ``task_id``; :data:`UNKNOWN` when it cannot answer.
 
@@ -41,6 +59,10 @@ def probe(app: Celery, task_id: str) -> Probe:
     except Exception as exc:
         logger.warning("celery-recovery: result backend did not answer for %s: %s", task_id, exc)
         return Probe(UNKNOWN)
+    return _from_meta(meta)
+
+
+def _from_meta(meta: dict[str, Any]) -> Probe:
     state = meta.get("status") or states.PENDING
     result = meta.get("result")
     hostname = pid = None

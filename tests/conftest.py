@@ -40,6 +40,10 @@ def _clean_environment() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def redis_service() -> str:
     require("Redis", REDIS_URL, 6379)
+    import redis
+
+    for db in (9, 10):  # the tests' broker and result backend: start from nothing
+        redis.Redis.from_url(f"{REDIS_URL}/{db}").flushdb()
     return REDIS_URL
 
 

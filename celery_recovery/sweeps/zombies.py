@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import states
 
-from ..probe import UNKNOWN, probe
+from ..probe import UNKNOWN, Probe, probe_many
 from ..states import JobType, TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
@@ -33,15 +33,19 @@ def sweep_zombies(ctx: SweepContext) -> None:
         (job["node_name"], job["pid"]): job
         for job in store.live_jobs(ctx.now, settings.zombie_threshold, JobType.WORKER)
     }
+    seen: dict[str, Probe] = {}
+    with ctx.isolated("probing the result backend"):
+        seen = probe_many(ctx.recovery.app, [z["task_id"] for z in zombies])
     for zombie in zombies:
         with ctx.isolated(f"zombie {zombie['task_id']}/{zombie['try_number']}"):
-            _handle(ctx, zombie, live)
+            _handle(ctx, zombie, seen.get(zombie["task_id"], Probe(UNKNOWN)), live)
 
 
-def _handle(ctx: SweepContext, zombie: dict[str, Any], live: dict[tuple, dict]) -> None:
+def _handle(
+    ctx: SweepContext, zombie: dict[str, Any], seen: Probe, live: dict[tuple, dict]
+) -> None:
     store = ctx.recovery.store
     task_id, try_number, job_id = zombie["task_id"], zombie["try_number"], zombie["job_id"]
-    seen = probe(ctx.recovery.app, task_id)
     if seen.state == UNKNOWN:
         # Resetting blind could run a finished task again; try on the next pass.
         ctx.report.errors += 1

@@ -6,6 +6,7 @@ old, a try running in it); the sweep publishes through real Redis.
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -97,7 +98,7 @@ def test_two_sweeps_over_the_same_zombies_handle_each_once(store, recovery):
     for i in range(20):
         make_zombie(store, f"t{i}", job_id=f"dead{i % 3}")
     reports = run_concurrently(recovery.sweep)
-    assert sum(r.republished for r in reports) == 20
+    assert sum(r.republished for r in reports) == 20, [str(r.as_dict()) for r in reports]
     assert sum(r.errors for r in reports) == 0
     for i in range(20):
         assert [t["state"] for t in store.tries(f"t{i}")] == [
@@ -182,3 +183,19 @@ def test_store_errors_mid_pass_are_reported_not_raised(recovery, monkeypatch):
     monkeypatch.setattr(recovery.store, "find_zombies", down)
     report = recovery.sweep()
     assert report.errors >= 1
+
+
+def test_zombies_are_probed_in_one_backend_round_trip(store, recovery, monkeypatch):
+    ids = [f"bulk-{uuid.uuid4().hex}" for _ in range(5)]
+    for i, task_id in enumerate(ids):
+        make_zombie(store, task_id, job_id=f"dead{i}")
+    recovery.app.backend.store_result(ids[3], 7, "SUCCESS")
+    calls = []
+    real_mget = recovery.app.backend.mget
+    monkeypatch.setattr(
+        recovery.app.backend, "mget", lambda keys: calls.append(len(keys)) or real_mget(keys)
+    )
+    report = recovery.sweep()
+    assert calls == [5]
+    assert (report.reconciled, report.republished) == (1, 4)
+    assert store.tries(ids[3])[0]["state"] == TaskState.SUCCESS
