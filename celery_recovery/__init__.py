@@ -13,7 +13,7 @@ from .errors import (
     StoreSchemaError,
     StoreUnavailableError,
 )
-from .recoverable import recoverable
+from .recoverable import current_fencing_token, recoverable
 from .recovery import Recovery
 from .settings import RecoverySettings
 from .states import JobState, JobType, TaskState
@@ -32,5 +32,6 @@ __all__ = [
     "StoreUnavailableError",
     "TaskState",
     "__version__",
+    "current_fencing_token",
     "recoverable",
 ]

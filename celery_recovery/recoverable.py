@@ -1,16 +1,65 @@
-"""``@recoverable``: marks a task whose side effects must not repeat on re-delivery.
+"""``@recoverable``: a re-delivered task never repeats its side effects.
 
-This release records the idempotency key template and passes the function
-through unchanged; the Redis lock with fencing tokens arrives with the
-idempotency-locks work (see the project's issue tracker).
+Use it under ``@app.task``::
+
+    @app.task(bind=True, max_retries=3)
+    @recoverable(idempotency_key="charge:{order_id}", lock_ttl=60, result_ttl=86400)
+    def charge(self, order_id): ...
+
+Before the body runs, the task's idempotency key is locked in Redis with a
+fencing token (one round trip).  The lease is renewed while the body runs
+and released at its end, storing the result (JSON) for ``result_ttl``
+seconds.  A delivery whose key has completed returns that result without
+running; one whose key is held by another live attempt does not run the
+body (retried later by default, or dropped with ``on_duplicate="skip"``).
+A failed attempt releases the key so a retry can run.  If Redis cannot be
+reached the body does not run and the task is retried
+(``on_lock_error="run"`` runs it unguarded instead).
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import json
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
+from celery import current_task
+from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.json import loads as kombu_loads
+from redis.exceptions import RedisError
+
+from .errors import ConfigurationError, RecoveryError
+from .locks import DONE, HELD
+from .locks.keys import KeySpec, build_key, check_template
+from .messages import MAX_RECORDED_PAYLOAD
+from .states import TaskState
+from .store import Transition
+
+logger = logging.getLogger("celery_recovery.recoverable")
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+_token: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "celery_recovery_fencing_token", default=None
+)
+_unstorable_said: set[str] = set()
+
+
+class LockUnavailableError(RecoveryError):
+    """Redis could not be asked for an idempotency lock; the body did not run."""
+
+
+def current_fencing_token() -> int | None:
+    """The fencing token of the idempotency lock the running task body holds, if any.
+
+    Tokens grow with every acquisition: guard your own writes with them
+    (e.g. ``UPDATE ... WHERE last_token < :token``) so that an attempt that
+    lost its lease while paused cannot overwrite a newer attempt's work.
+    """
+    return _token.get()
 
 
 @overload
@@ -21,35 +70,170 @@ def recoverable(func: F) -> F: ...
 def recoverable(
     func: None = None,
     *,
-    idempotency_key: str | Callable[..., str] | None = None,
+    idempotency_key: KeySpec = None,
     lock_ttl: float = 60.0,
     result_ttl: float = 86400.0,
+    on_duplicate: str = "retry",
+    on_lock_error: str = "retry",
+    retry_countdown: float = 5.0,
 ) -> Callable[[F], F]: ...
 
 
 def recoverable(
     func: F | None = None,
     *,
-    idempotency_key: str | Callable[..., str] | None = None,
+    idempotency_key: KeySpec = None,
     lock_ttl: float = 60.0,
     result_ttl: float = 86400.0,
+    on_duplicate: str = "retry",
+    on_lock_error: str = "retry",
+    retry_countdown: float = 5.0,
 ) -> F | Callable[[F], F]:
-    """Mark a task function as recoverable; use it under ``@app.task``.
+    """Guard a task body with an idempotency lock; see the module documentation.
 
-    ``idempotency_key`` is a format string over the task's arguments or a
-    callable; ``lock_ttl`` and ``result_ttl`` are seconds.  For now the
-    function is returned as it is, with these options attached as
-    ``__recoverable__``.
+    ``idempotency_key``: a format string over the task's arguments (by name),
+    a callable taking the same arguments, or None for the task name plus a
+    stable hash of the arguments.  ``lock_ttl``, ``result_ttl`` and
+    ``retry_countdown`` are seconds.
     """
+    for name, value in (
+        ("lock_ttl", lock_ttl),
+        ("result_ttl", result_ttl),
+        ("retry_countdown", retry_countdown),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
+    if on_duplicate not in ("retry", "skip"):
+        raise ConfigurationError(f"on_duplicate={on_duplicate!r}; allowed: 'retry', 'skip'")
+    if on_lock_error not in ("retry", "run"):
+        raise ConfigurationError(f"on_lock_error={on_lock_error!r}; allowed: 'retry', 'run'")
 
-    def mark(function: F) -> F:
-        function.__recoverable__ = {  # type: ignore[attr-defined]
+    def decorate(function: F) -> F:
+        check_template(function, idempotency_key)
+
+        @functools.wraps(function)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            task = current_task._get_current_object() if current_task else None
+            from .recovery import recovery_for_app
+
+            recovery = recovery_for_app(task.app) if task is not None else None
+            if recovery is None or task.request.called_directly:
+                return function(*args, **kwargs)
+            key = build_key(function, idempotency_key, task.name, args, kwargs)
+            return _run_guarded(recovery, task, key, function, args, kwargs)
+
+        def _run_guarded(recovery, task, key, function, args, kwargs):  # type: ignore[no-untyped-def]
+            request = task.request
+            holder = f"{request.id}:{request.retries + 1}"
+            try:
+                locks, leases = recovery.runtime.locks()
+                got = locks.acquire(key, holder, lock_ttl)
+            except (RedisError, OSError) as exc:
+                if on_lock_error == "run":
+                    logger.warning(
+                        "celery-recovery: Redis unavailable (%s); running %s[%s] WITHOUT its "
+                        "idempotency lock %r (on_lock_error='run')",
+                        exc,
+                        task.name,
+                        request.id,
+                        key,
+                    )
+                    return function(*args, **kwargs)
+                logger.warning(
+                    "celery-recovery: Redis unavailable (%s); %s[%s] not run, retried in %ss "
+                    "(idempotency key %r)",
+                    exc,
+                    task.name,
+                    request.id,
+                    retry_countdown,
+                    key,
+                )
+                raise task.retry(
+                    countdown=retry_countdown,
+                    max_retries=request.retries + 1,
+                    exc=LockUnavailableError(f"idempotency lock {key!r} unavailable: {exc}"),
+                ) from None
+            if got.outcome == DONE:
+                logger.info(
+                    "celery-recovery: %s[%s] key %r already done; returning its result",
+                    task.name,
+                    request.id,
+                    key,
+                )
+                return kombu_loads(got.result)
+            if got.outcome == HELD:
+                if on_duplicate == "skip":
+                    logger.info(
+                        "celery-recovery: %s[%s] skipped: key %r is held by %s",
+                        task.name,
+                        request.id,
+                        key,
+                        got.holder,
+                    )
+                    return None
+                # Always allowed (Celery's None would mean the task's own max_retries).
+                raise task.retry(countdown=retry_countdown, max_retries=request.retries + 1)
+            request.idempotency_key, request.fencing_token = key, got.token
+            recovery.runtime.write(
+                "transition",
+                Transition(
+                    request.id,
+                    request.retries + 1,
+                    (TaskState.RUNNING,),
+                    {"idempotency_key": key, "fencing_token": got.token},
+                ),
+            )
+            reset = _token.set(got.token)
+            leases.hold(key, got.value, lock_ttl)
+            try:
+                result = function(*args, **kwargs)
+            except BaseException:
+                leases.drop(key)
+                _release(locks, key, got.value, None)
+                raise
+            finally:
+                _token.reset(reset)
+            leases.drop(key)
+            _release(locks, key, got.value, _encode_result(task.name, result))
+            return result
+
+        def _release(locks, key, value, result_json):  # type: ignore[no-untyped-def]
+            try:
+                if not locks.release(key, value, result_json, result_ttl):
+                    logger.warning(
+                        "celery-recovery: idempotency lock %r was no longer ours at release "
+                        "(lease expired; a newer attempt holds it)",
+                        key,
+                    )
+            except (RedisError, OSError) as exc:
+                logger.warning("celery-recovery: could not release %r: %s", key, exc)
+
+        guarded.__recoverable__ = {  # type: ignore[attr-defined]
             "idempotency_key": idempotency_key,
             "lock_ttl": lock_ttl,
             "result_ttl": result_ttl,
         }
-        return function
+        return guarded  # type: ignore[return-value]
 
     if func is not None:
-        return mark(func)
-    return mark
+        return decorate(func)
+    return decorate
+
+
+def _encode_result(task_name: str, result: Any) -> str | None:
+    try:
+        text = kombu_dumps(result)
+        json.loads(text)
+    except (TypeError, ValueError):
+        text = None
+    if text is None or len(text) > MAX_RECORDED_PAYLOAD:
+        if task_name not in _unstorable_said:
+            _unstorable_said.add(task_name)
+            logger.warning(
+                "celery-recovery: %s returned a result that is not JSON (or over %d bytes); "
+                "its completion is remembered without the result",
+                task_name,
+                MAX_RECORDED_PAYLOAD,
+            )
+        return kombu_dumps(None)
+    return text

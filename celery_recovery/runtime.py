@@ -15,8 +15,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .errors import ConfigurationError
 from .health import StoreHealth
 from .heartbeat import HeartbeatThread
+from .locks import IdempotencyLocks, LeaseRenewer
 from .settings import RecoverySettings
 from .states import JobState, JobType
 from .store import Store
@@ -36,7 +38,21 @@ class ProcessRuntime:
         self.health = StoreHealth(settings.masked_database_url)
         self.writer = WriteBehindWriter(store, health=self.health)
         self.heartbeat: HeartbeatThread | None = None
+        self._locks: tuple[IdempotencyLocks, LeaseRenewer] | None = None
         atexit.register(self.close)
+
+    def locks(self) -> tuple[IdempotencyLocks, LeaseRenewer]:
+        """This process's Redis idempotency locks and lease renewer (created on first use)."""
+        if self._locks is None:
+            url = self.settings.redis_url
+            if not url:
+                raise ConfigurationError(
+                    "@recoverable needs Redis: set recovery_redis_url (the broker is not Redis, "
+                    "so there is no default)"
+                )
+            locks = IdempotencyLocks.from_url(url)
+            self._locks = (locks, LeaseRenewer(locks))
+        return self._locks
 
     @property
     def job_id(self) -> str | None:

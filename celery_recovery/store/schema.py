@@ -142,6 +142,8 @@ task_records = Table(
     Column("recovered_at", UTCDateTime, comment="When a sweep reset, reconciled or adopted it"),
     Column("late_state", String(16), comment="Outcome reported after it was recovered"),
     Column("late_at", UTCDateTime),
+    Column("idempotency_key", String(512)),
+    Column("fencing_token", BigInteger),
     Index(
         "ix_task_records_running_job",
         "job_id",

@@ -46,6 +46,8 @@ CLAIM_COLUMNS = (
     "updated_at",
     "state_reason",
     "error",
+    "idempotency_key",
+    "fencing_token",
 )
 
 #: What is needed to publish a task again: the message facts a try carries.

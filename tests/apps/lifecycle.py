@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Celery, Task
 
-from celery_recovery import Recovery
+from celery_recovery import Recovery, current_fencing_token, recoverable
 
 
 def create_app(
@@ -119,6 +119,21 @@ def _register_tasks(app: Celery) -> None:
         """Long on its first try (the one a test kills), short once recovered."""
         time.sleep(first_seconds if self.request.retries == 0 else later_seconds)
         return self.request.retries + 1
+
+    @app.task(shared=False, name="lifecycle.charge", bind=True, max_retries=3)
+    @recoverable(idempotency_key="charge:{order_id}", lock_ttl=10, retry_countdown=0.2)
+    def charge(self, ledger, order_id, seconds=0.3):
+        """A side effect that must happen once per order: a row in a unique table."""
+        _append(ledger, f"run {order_id} token={current_fencing_token()} pid={os.getpid()}")
+        # Long only on a first try (the one a test may kill); short once recovered.
+        time.sleep(seconds if self.request.retries == 0 else 0.3)
+        return {"order": order_id, "token": current_fencing_token()}
+
+    @app.task(shared=False, name="lifecycle.charge_briefly", bind=True)
+    @recoverable(idempotency_key="brief:{order_id}", result_ttl=1.5, retry_countdown=0.2)
+    def charge_briefly(self, ledger, order_id):
+        _append(ledger, f"run {order_id}")
+        return order_id
 
     @app.task(shared=False, name="lifecycle.describe", serializer="pickle")
     def describe(value):

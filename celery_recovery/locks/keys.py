@@ -1,0 +1,58 @@
+"""Idempotency keys: from a format string over the task's arguments, a callable, or a hash."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from kombu.utils.json import dumps as kombu_dumps
+
+from ..errors import ConfigurationError
+
+KeySpec = str | Callable[..., Any] | None
+
+
+def build_key(
+    func: Callable[..., Any], spec: KeySpec, task_name: str, args: tuple, kwargs: dict
+) -> str:
+    """The idempotency key of one call of ``func`` (the task body) with these arguments."""
+    if spec is None:
+        payload = kombu_dumps([list(args), kwargs], sort_keys=True)
+        return f"{task_name}:{hashlib.sha256(payload.encode()).hexdigest()[:32]}"
+    if callable(spec):
+        return str(spec(*args, **kwargs))
+    bound = inspect.signature(func).bind_partial(*args, **kwargs)
+    bound.apply_defaults()
+    try:
+        return spec.format(**bound.arguments)
+    except (KeyError, IndexError) as exc:
+        names = ", ".join(n for n in bound.arguments if n != "self")
+        raise ConfigurationError(
+            f"idempotency_key={spec!r} of task {task_name!r} names {exc} which is not an "
+            f"argument of the task; arguments: {names}"
+        ) from None
+
+
+def check_template(func: Callable[..., Any], spec: KeySpec) -> None:
+    """Refuse, at decoration time, a template naming a parameter the function lacks."""
+    if not isinstance(spec, str):
+        if spec is not None and not callable(spec):
+            raise ConfigurationError(
+                f"idempotency_key={spec!r} must be a format string, a callable or None"
+            )
+        return
+    import string
+
+    params = inspect.signature(func).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for _, field, _, _ in string.Formatter().parse(spec):
+        if field is None:
+            continue
+        name = field.split(".")[0].split("[")[0]
+        if name and name not in params and not accepts_any:
+            raise ConfigurationError(
+                f"idempotency_key={spec!r} names {name!r}, which is not a parameter of "
+                f"{func.__qualname__}; parameters: {', '.join(params)}"
+            )

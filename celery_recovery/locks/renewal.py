@@ -1,0 +1,63 @@
+"""Keep the leases of the tasks running in this process alive, in one round trip per tick.
+
+A daemon thread per process renews every lease it holds every third of the
+shortest lease; when the process dies renewal stops and the leases expire.
+A lease found lost (expired during a long pause, taken by a newer attempt)
+is dropped with a warning: the body's fencing token is now stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from .redis_lock import IdempotencyLocks
+
+logger = logging.getLogger("celery_recovery.locks")
+
+
+class LeaseRenewer:
+    def __init__(self, locks: IdempotencyLocks) -> None:
+        self.locks = locks
+        self._held: dict[str, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, key: str, value: str, ttl: float) -> None:
+        with self._lock:
+            self._held[key] = (value, ttl)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-recovery-leases", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._held.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                leases = [(k, v, ttl) for k, (v, ttl) in self._held.items()]
+            interval = min((ttl for _, _, ttl in leases), default=30.0) / 3
+            self._wake.wait(interval)
+            self._wake.clear()
+            if not leases:
+                continue
+            try:
+                held = self.locks.renew_many(leases)
+            except Exception as exc:
+                logger.warning("celery-recovery: could not renew %d lease(s): %s", len(leases), exc)
+                continue
+            for (key, value, _), still in zip(leases, held, strict=True):
+                if not still:
+                    logger.warning(
+                        "celery-recovery: lease on idempotency key %r (%s) was lost; "
+                        "a newer attempt may hold it",
+                        key,
+                        value,
+                    )
+                    self.drop(key)
