@@ -71,7 +71,9 @@ def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
         # Availability over certainty: without the store the delivery runs.
         runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
         return False
-    why = _stale_because(view, try_number, recovery.settings.zombie_threshold)
+    # "Live" here means it beat within two intervals: a worker that died a moment
+    # ago must not make us drop the broker's redelivery of its task.
+    why = _stale_because(view, try_number, 2 * recovery.settings.heartbeat_interval)
     if why is None:
         return False
     logger.warning(
@@ -93,7 +95,7 @@ def was_dropped(task_id: str, forget: bool = True) -> bool:
     return dropped
 
 
-def _stale_because(view: dict[str, Any], try_number: int, threshold: float) -> str | None:
+def _stale_because(view: dict[str, Any], try_number: int, fresh: float) -> str | None:
     state = view["state"]
     if view["latest"] > try_number:
         return f"superseded by try {view['latest']}"
@@ -101,7 +103,7 @@ def _stale_because(view: dict[str, Any], try_number: int, threshold: float) -> s
         return f"the try is already {state}"
     if state == TaskState.RUNNING and view["job_state"] == JobState.RUNNING:
         heartbeat = view["job_heartbeat"]
-        if heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=threshold):
+        if heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=fresh):
             return f"the try is running in live job {view['job_id']}"
     return None
 

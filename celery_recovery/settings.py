@@ -195,7 +195,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "adoption_timeout",
         DEFAULT_ADOPTION_TIMEOUT,
         _duration,
-        "How long an adopted task that the result backend reports PENDING may stay unstarted.",
+        "How long a zombie adopted by a live worker (the backend says STARTED there) may go "
+        "without that worker's own claim before it is reset.",
         "s",
     ),
     SettingSpec(

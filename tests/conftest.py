@@ -26,6 +26,7 @@ FAST_SETTINGS = {
     "zombie_threshold": 3.0,
     "health_check_threshold": 3.0,
     "sweep_interval": 1.0,
+    "adoption_timeout": 10.0,
 }
 
 

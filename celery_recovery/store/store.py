@@ -48,6 +48,8 @@ CLAIM_COLUMNS = (
     "error",
     "idempotency_key",
     "fencing_token",
+    # A worker's own claim confirms (ends) an adoption.
+    "adopted_until",
 )
 
 #: What is needed to publish a task again: the message facts a try carries.

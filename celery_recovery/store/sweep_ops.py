@@ -69,11 +69,17 @@ class SweepOperations:
                 task_records.c.state == TaskState.RUNNING.value,
                 task_records.c.job_id.is_not(None),
                 or_(
-                    and_(jobs.c.id.is_(None), task_records.c.started_at < missing_cutoff),
-                    jobs.c.state != JobState.RUNNING.value,
-                    jobs.c.latest_heartbeat < cutoff,
+                    # An adoption whose deadline passed without the adopter's own claim.
+                    task_records.c.adopted_until < now,
+                    and_(
+                        task_records.c.adopted_until.is_(None),
+                        or_(
+                            and_(jobs.c.id.is_(None), task_records.c.started_at < missing_cutoff),
+                            jobs.c.state != JobState.RUNNING.value,
+                            jobs.c.latest_heartbeat < cutoff,
+                        ),
+                    ),
                 ),
-                or_(task_records.c.adopted_until.is_(None), task_records.c.adopted_until < now),
             )
             .order_by(task_records.c.started_at)
             .limit(limit)

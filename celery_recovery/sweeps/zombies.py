@@ -10,6 +10,7 @@ knows the task is it reset (retried as the next try, or failed).
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from typing import Any
 
 from celery import states
@@ -60,16 +61,29 @@ def _handle(
             ctx.report.reconciled += 1
         return
     owner = live.get((seen.hostname, seen.pid)) if seen.state == states.STARTED else None
-    if owner is not None and owner["id"] != job_id:
-        reason = f"adopted by live job {owner['id']} ({seen.hostname}, pid {seen.pid})"
-        if store.adopt_try(task_id, try_number, job_id, owner["id"], reason, ctx.now):
+    if owner is not None and owner["id"] != job_id and zombie.get("adopted_until") is None:
+        # Celery stores STARTED before a task's before_start, so the STARTED may come
+        # from a delivery that was then dropped as stale: adopt with a deadline, which
+        # the adopter's own claim of the try cancels; otherwise it is reset then.
+        until = ctx.now + timedelta(seconds=ctx.recovery.settings.adoption_timeout)
+        reason = (
+            f"adopted by live job {owner['id']} ({seen.hostname}, pid {seen.pid}) "
+            f"until {until.isoformat()}"
+        )
+        if store.adopt_try(task_id, try_number, job_id, owner["id"], reason, ctx.now, until):
             ctx.report.adopted += 1
         return
-    why = (
-        f"worker lost: job {job_id} ({zombie.get('job_hostname')}, pid {zombie.get('job_pid')}) "
-        f"last heartbeat {zombie.get('job_heartbeat')}"
-    )
-    result = reset(ctx, zombie, expected_state=TaskState.RUNNING, why=why, dead_job_id=job_id)
+    if zombie.get("adopted_until") is not None:
+        # The adopter never claimed the try: it is not running it.  The adopter itself
+        # is alive, so its job is left alone.
+        why, dead_job = f"adoption by job {job_id} expired without its claim", None
+    else:
+        why = (
+            f"worker lost: job {job_id} ({zombie.get('job_hostname')}, pid "
+            f"{zombie.get('job_pid')}) last heartbeat {zombie.get('job_heartbeat')}"
+        )
+        dead_job = job_id
+    result = reset(ctx, zombie, expected_state=TaskState.RUNNING, why=why, dead_job_id=dead_job)
     if result == "republished":
         ctx.report.republished += 1
     elif result == "failed":

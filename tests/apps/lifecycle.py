@@ -129,6 +129,20 @@ def _register_tasks(app: Celery) -> None:
         time.sleep(seconds if self.request.retries == 0 else 0.3)
         return {"order": order_id, "token": current_fencing_token()}
 
+    @app.task(shared=False, name="lifecycle.charge_row", bind=True)
+    @recoverable(idempotency_key="row:{order_id}", retry_countdown=0.2)
+    def charge_row(self, dsn, order_id):
+        """The side effect is a row in a PostgreSQL table whose order_id is unique."""
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO charges (order_id, token) VALUES (%s, %s)",
+                (order_id, current_fencing_token()),
+            )
+        time.sleep(0.2)
+        return {"order": order_id, "token": current_fencing_token()}
+
     @app.task(shared=False, name="lifecycle.charge_briefly", bind=True)
     @recoverable(idempotency_key="brief:{order_id}", result_ttl=1.5, retry_countdown=0.2)
     def charge_briefly(self, ledger, order_id):

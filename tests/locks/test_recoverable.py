@@ -104,3 +104,22 @@ def test_killed_holder_blocks_until_its_lease_expires_then_a_higher_token_runs(
     first_token = int(runs(ledger, order)[0].split("token=")[1].split()[0])
     assert value["token"] > first_token
     assert len(runs(ledger, order)) == 2  # the killed attempt and the one that completed
+
+
+def test_side_effect_row_in_postgres_is_written_once(pg_url, make_client_app, start_worker):
+    import psycopg
+
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS charges (order_id text UNIQUE, token bigint)")
+    order = f"row-{uuid.uuid4().hex[:8]}"
+    client = make_client_app(pg_url)
+    start_worker(store_url=pg_url, name="a", concurrency=4)
+    start_worker(store_url=pg_url, name="b", concurrency=4)
+    results = [client.send_task("lifecycle.charge_row", (dsn, order)) for _ in range(50)]
+    values = [r.get(timeout=90) for r in results]  # a second INSERT would fail its task
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT token FROM charges WHERE order_id = %s", (order,)).fetchall()
+        conn.execute("DROP TABLE charges")
+    assert len(rows) == 1
+    assert all(v == values[0] for v in values) and values[0]["token"] == rows[0][0]

@@ -199,3 +199,57 @@ def test_zombies_are_probed_in_one_backend_round_trip(store, recovery, monkeypat
     assert calls == [5]
     assert (report.reconciled, report.republished) == (1, 4)
     assert store.tries(ids[3])[0]["state"] == TaskState.SUCCESS
+
+
+def live_job(store, job_id="livejob", node="w@alive", pid=777):
+    store.add_job(
+        {
+            "id": job_id,
+            "job_type": JobType.WORKER,
+            "hostname": "alive",
+            "node_name": node,
+            "pid": pid,
+            "state": JobState.RUNNING,
+            "start_date": utcnow(),
+            "latest_heartbeat": utcnow(),
+        }
+    )
+
+
+@pytest.mark.parametrize("adopter_claims", [False, True])
+def test_started_on_a_live_worker_is_adopted_with_a_deadline(store, recovery, adopter_claims):
+    task_id = f"adopt-{uuid.uuid4().hex}"
+    make_zombie(store, task_id)
+    live_job(store)
+    # The backend says a live worker started it (maybe a delivery it then dropped).
+    recovery.app.backend.store_result(task_id, {"hostname": "w@alive", "pid": 777}, "STARTED")
+    report = recovery.sweep()
+    assert (report.adopted, report.republished) == (1, 0)
+    (adopted,) = store.tries(task_id)
+    assert adopted["job_id"] == "livejob" and adopted["adopted_until"] is not None
+    assert recovery.sweep().adopted == 0  # adopted once, not again
+    if adopter_claims:  # the live worker really runs it: its claim confirms the adoption
+        store.mark_running(
+            {
+                "task_id": task_id,
+                "try_number": 1,
+                "task_name": "lifecycle.add",
+                "state": "running",
+                "job_id": "livejob",
+                "started_at": utcnow(),
+                "updated_at": utcnow(),
+            }
+        )
+    later = adopted["adopted_until"] + timedelta(seconds=1)
+    store.heartbeat("livejob", later)  # the adopter stays alive all along
+    report = recovery.sweep(now=later)
+    if adopter_claims:
+        assert report.republished == 0 and store.tries(task_id)[0]["state"] == TaskState.RUNNING
+    else:
+        assert report.republished == 1
+        assert [t["state"] for t in store.tries(task_id)] == [
+            TaskState.UP_FOR_RETRY,
+            TaskState.QUEUED,
+        ]
+        assert "adoption by job livejob expired" in store.tries(task_id)[0]["state_reason"]
+    assert store.get_job("livejob")["state"] == JobState.RUNNING
