@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
@@ -125,7 +124,3 @@ class IdempotencyLocks:
             return None, None, None
         owner, _, token = value.decode().rpartition("|")
         return owner, int(token), ttl / 1000 if ttl and ttl > 0 else None
-
-
-def decode(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
