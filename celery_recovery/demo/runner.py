@@ -153,6 +153,17 @@ def _summary(
     started: float,
     echo: Callable[[str], None],
 ) -> int:
+    # Workers write outcomes behind (every 20 ms): let the last ones land.
+    def settled() -> bool:
+        return all(
+            (tries := recovery.store.tries(r.id)) and tries[-1]["state"] == "success"
+            for r in results
+            if r.successful()
+        )
+
+    deadline = time.monotonic() + 10
+    while not settled() and time.monotonic() < deadline:
+        time.sleep(0.1)
     echo("")
     echo(_bold(f"{'task':<38} {'tries':<26} {'result'}"))
     ok = True
