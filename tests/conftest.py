@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ from celery_recovery.store.migrate import upgrade
 from celery_recovery.store.schema import metadata
 from tests.apps.lifecycle import create_app
 from tests.services import PG_ADMIN_URL, REDIS_URL, require
-from tests.workers import WorkerProcess
+from tests.workers import ROOT, WorkerProcess
 
 #: Short timings so that tests observe heartbeats quickly.
 FAST_SETTINGS = {
@@ -132,6 +135,62 @@ def client_app(make_client_app: Callable[..., Any], store_url: str) -> Any:
     return make_client_app(store_url)
 
 
+def app_env(
+    store_url: str | None, broker_urls: tuple[str, str], queue: str, plain: bool = False
+) -> dict[str, str]:
+    """Environment of a subprocess running tests.apps.lifecycle with the fast settings."""
+    return {
+        "RECOVERY_TEST_BROKER": broker_urls[0],
+        "RECOVERY_TEST_BACKEND": broker_urls[1],
+        "RECOVERY_TEST_QUEUE": queue,
+        "RECOVERY_TEST_PLAIN": "1" if plain else "0",
+        **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in FAST_SETTINGS.items()},
+        **({"CELERY_RECOVERY_DATABASE_URL": store_url} if store_url else {}),
+    }
+
+
+@pytest.fixture
+def start_beat(
+    store_url: str, broker_urls: tuple[str, str], queue: str, tmp_path: Path
+) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start ``celery beat`` subprocesses (sweep scheduled or not); killed at teardown."""
+    procs: list[subprocess.Popen] = []
+
+    def start(schedule_sweep: bool = True) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **app_env(store_url, broker_urls, queue)}
+        if schedule_sweep:
+            env["RECOVERY_TEST_BEAT_INTERVAL"] = str(FAST_SETTINGS["sweep_interval"])
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.apps.lifecycle",
+            "beat",
+            "-l",
+            "INFO",
+            "-s",
+            str(tmp_path / f"beat-schedule-{len(procs)}"),
+        ]
+        with open(tmp_path / "beat.log", "ab") as log:
+            proc = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 @pytest.fixture
 def start_worker(
     tmp_path: Path, broker_urls: tuple[str, str], queue: str, request: pytest.FixtureRequest
@@ -150,15 +209,7 @@ def start_worker(
         if store_url is None and not plain:
             store_url = request.getfixturevalue("store_url")
         name = name or f"w{len(workers) + 1}"
-        worker_env = {
-            "RECOVERY_TEST_BROKER": broker_urls[0],
-            "RECOVERY_TEST_BACKEND": broker_urls[1],
-            "RECOVERY_TEST_QUEUE": queue,
-            "RECOVERY_TEST_PLAIN": "1" if plain else "0",
-            **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in FAST_SETTINGS.items()},
-            **({"CELERY_RECOVERY_DATABASE_URL": store_url} if store_url else {}),
-            **(env or {}),
-        }
+        worker_env = {**app_env(store_url, broker_urls, queue, plain), **(env or {})}
         worker = WorkerProcess(
             "tests.apps.lifecycle",
             worker_env,

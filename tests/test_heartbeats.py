@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from celery_recovery import JobState, JobType, TaskState
-from tests.workers import ROOT, wait_for
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -55,53 +52,19 @@ def test_sigkilled_worker_stops_beating_and_its_task_stays_running(client_app, s
     assert store.tries(result.id)[0]["state"] == TaskState.RUNNING
 
 
-def test_beat_is_a_job_with_a_heartbeat(store_url, store, broker_urls, queue, tmp_path):
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "RECOVERY_TEST_PLAIN": "0",
-        "RECOVERY_TEST_BROKER": broker_urls[0],
-        "RECOVERY_TEST_QUEUE": queue,
-        "CELERY_RECOVERY_DATABASE_URL": store_url,
-        "CELERY_RECOVERY_HEARTBEAT_INTERVAL": "0.5",
-        "CELERY_RECOVERY_ZOMBIE_THRESHOLD": "2",
-        "CELERY_RECOVERY_HEALTH_CHECK_THRESHOLD": "2",
-        "CELERY_RECOVERY_SWEEP_INTERVAL": "1",
-    }
-    beat = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.apps.lifecycle",
-            "beat",
-            "-l",
-            "INFO",
-            "-s",
-            str(tmp_path / "beat-schedule"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+def test_beat_is_a_job_with_a_heartbeat(store, start_beat):
+    beat = start_beat(schedule_sweep=False)
+    (job,) = wait_for(lambda: store.list_jobs(JobType.BEAT), 20, what="the beat job")
+    wait_for(
+        lambda: store.get_job(job["id"])["latest_heartbeat"] > job["latest_heartbeat"],
+        5,
+        what="beat's heartbeat to advance",
     )
-    try:
-        (job,) = wait_for(lambda: store.list_jobs(JobType.BEAT), 20, what="the beat job")
-        wait_for(
-            lambda: store.get_job(job["id"])["latest_heartbeat"] > job["latest_heartbeat"],
-            5,
-            what="beat's heartbeat to advance",
-        )
-        beat.send_signal(signal.SIGTERM)
-        beat.wait(15)
-        ended = wait_for(
-            lambda: (j := store.get_job(job["id"]))["state"] == JobState.SUCCESS and j,
-            10,
-            what="beat's job to end",
-        )
-        assert ended["end_date"] is not None
-    finally:
-        if beat.poll() is None:
-            os.killpg(beat.pid, signal.SIGKILL)
+    beat.send_signal(signal.SIGTERM)
+    beat.wait(15)
+    ended = wait_for(
+        lambda: (j := store.get_job(job["id"]))["state"] == JobState.SUCCESS and j,
+        10,
+        what="beat's job to end",
+    )
+    assert ended["end_date"] is not None

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import states
 
-from ..probe import UNKNOWN, probe
+from ..probe import UNKNOWN, Probe, probe_many
 from ..states import TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
@@ -20,13 +20,18 @@ from .resets import reset, take_backend_outcome
 
 def sweep_lost_messages(ctx: SweepContext) -> None:
     settings = ctx.recovery.settings
-    for record in ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout):
+    lost = ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout)
+    if not lost:
+        return
+    seen: dict[str, Probe] = {}
+    with ctx.isolated("probing the result backend"):
+        seen = probe_many(ctx.recovery.app, [r["task_id"] for r in lost])
+    for record in lost:
         with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
-            _handle(ctx, record)
+            _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)))
 
 
-def _handle(ctx: SweepContext, record: dict[str, Any]) -> None:
-    seen = probe(ctx.recovery.app, record["task_id"])
+def _handle(ctx: SweepContext, record: dict[str, Any], seen: Probe) -> None:
     if seen.state == UNKNOWN:
         ctx.report.errors += 1
         return

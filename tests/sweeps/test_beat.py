@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -13,57 +11,12 @@ import pytest
 from celery_recovery import JobState, JobType, TaskState
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.helpers import count, ledger_lines, try_started
-from tests.workers import ROOT, wait_for
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
-
-
-@pytest.fixture
-def start_beat(store_url, broker_urls, queue, tmp_path):
-    procs = []
-
-    def start():
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "RECOVERY_TEST_PLAIN": "0",
-            "RECOVERY_TEST_BROKER": broker_urls[0],
-            "RECOVERY_TEST_BACKEND": broker_urls[1],
-            "RECOVERY_TEST_QUEUE": queue,
-            "RECOVERY_TEST_BEAT_INTERVAL": str(SWEEP),
-            "CELERY_RECOVERY_DATABASE_URL": store_url,
-            **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in FAST_SETTINGS.items()},
-        }
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.apps.lifecycle",
-                "beat",
-                "-l",
-                "INFO",
-                "-s",
-                str(tmp_path / f"beat-schedule-{len(procs)}"),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=open(tmp_path / "beat.log", "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def running_try(store, task_id):
