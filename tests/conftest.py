@@ -20,7 +20,7 @@ from celery_recovery.store.engine import create_store_engine
 from celery_recovery.store.migrate import upgrade
 from celery_recovery.store.schema import metadata
 from tests.apps.lifecycle import create_app
-from tests.services import PG_ADMIN_URL, REDIS_URL, require
+from tests.services import BACKEND_DB, BROKER_DB, PG_ADMIN_URL, REDIS_URL, require
 from tests.workers import ROOT, WorkerProcess
 
 #: Short timings so that tests observe heartbeats quickly.
@@ -46,7 +46,7 @@ def redis_service() -> str:
     require("Redis", REDIS_URL, 6379)
     import redis
 
-    for db in (9, 10):  # the tests' broker and result backend: start from nothing
+    for db in (BROKER_DB, BACKEND_DB):  # the tests' broker and result backend: start from nothing
         redis.Redis.from_url(f"{REDIS_URL}/{db}").flushdb()
     return REDIS_URL
 
@@ -106,7 +106,7 @@ def queue() -> str:
 
 @pytest.fixture
 def broker_urls(redis_service: str) -> tuple[str, str]:
-    return f"{redis_service}/9", f"{redis_service}/10"
+    return f"{redis_service}/{BROKER_DB}", f"{redis_service}/{BACKEND_DB}"
 
 
 @pytest.fixture

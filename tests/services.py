@@ -13,6 +13,10 @@ from urllib.parse import urlparse
 import pytest
 
 REDIS_URL = os.environ.get("RECOVERY_TEST_REDIS", "redis://127.0.0.1:6379")
+#: The tests' broker database; the result backend uses the next one.  Two test
+#: sessions on one Redis need different numbers (each flushes its own at start).
+BROKER_DB = int(os.environ.get("RECOVERY_TEST_REDIS_DB", "9"))
+BACKEND_DB = BROKER_DB + 1
 PG_ADMIN_URL = os.environ.get(
     "RECOVERY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from celery_recovery.locks import ACQUIRED, DONE, HELD, IdempotencyLocks
+from tests.services import BROKER_DB
 from tests.workers import ROOT, wait_for
 
 HOLDER = """
@@ -28,7 +29,7 @@ print(locks.renew(sys.argv[2], got.value, 1.0), locks.release(sys.argv[2], got.v
 
 @pytest.fixture
 def locks(redis_service):
-    return IdempotencyLocks.from_url(f"{redis_service}/9")
+    return IdempotencyLocks.from_url(f"{redis_service}/{BROKER_DB}")
 
 
 def test_tokens_grow_and_only_the_holder_renews_or_releases(locks):
@@ -47,7 +48,7 @@ def test_tokens_grow_and_only_the_holder_renews_or_releases(locks):
 def test_a_paused_holder_cannot_renew_or_release_after_a_newer_attempt(locks, redis_service):
     key = f"paused-{uuid.uuid4().hex}"
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, f"{redis_service}/9", key],
+        [sys.executable, "-c", HOLDER, f"{redis_service}/{BROKER_DB}", key],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdin=subprocess.PIPE,
@@ -71,7 +72,8 @@ def test_a_paused_holder_cannot_renew_or_release_after_a_newer_attempt(locks, re
         proc.stdin.flush()
         assert proc.stdout.readline().split() == ["False", "False"]
         assert locks.holder_of(key)[:2] == ("newer", newer.token)
-        assert redis.Redis.from_url(f"{redis_service}/9").get(locks.result_key(key)) is None
+        client = redis.Redis.from_url(f"{redis_service}/{BROKER_DB}")
+        assert client.get(locks.result_key(key)) is None
     finally:
         proc.kill()
         proc.wait()

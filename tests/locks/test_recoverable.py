@@ -9,6 +9,7 @@ import pytest
 from celery_recovery import TaskState
 from celery_recovery.recovery import recovery_for_app
 from tests.proxy import TcpProxy
+from tests.services import BROKER_DB
 from tests.sweeps.helpers import ledger_lines
 from tests.workers import wait_for
 
@@ -71,7 +72,7 @@ def test_redis_unreachable_by_default_does_not_run_then_completes(
     client_app, start_worker, tmp_path, broker_urls
 ):
     proxy = TcpProxy("127.0.0.1", 6379).start()
-    locks_url = f"redis://127.0.0.1:{proxy.port}/9"
+    locks_url = f"redis://127.0.0.1:{proxy.port}/{BROKER_DB}"
     ledger = tmp_path / "ledger"
     order = f"down-{uuid.uuid4().hex[:8]}"
     proxy.cut()
