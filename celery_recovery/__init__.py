@@ -6,22 +6,39 @@ Two lines install it::
     recovery = Recovery(app)
 """
 
+from .deferral import DEFERRED_STATE, TaskDeferred, defer
 from .errors import (
     ConfigurationError,
+    DeferralError,
     RecoveryError,
     StoreError,
     StoreSchemaError,
     StoreUnavailableError,
+    TriggerFailedError,
+    TriggerTimeoutError,
 )
 from .recoverable import current_fencing_token, recoverable
 from .recovery import Recovery
 from .settings import RecoverySettings
 from .states import JobState, JobType, TaskState
+from .triggers import (
+    BaseTrigger,
+    DateTimeTrigger,
+    TaskFailedEvent,
+    TaskResultTrigger,
+    TaskSuccessEvent,
+    TimeDeltaTrigger,
+    TriggerEvent,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFERRED_STATE",
+    "BaseTrigger",
     "ConfigurationError",
+    "DateTimeTrigger",
+    "DeferralError",
     "JobState",
     "JobType",
     "Recovery",
@@ -30,8 +47,17 @@ __all__ = [
     "StoreError",
     "StoreSchemaError",
     "StoreUnavailableError",
+    "TaskDeferred",
+    "TaskFailedEvent",
+    "TaskResultTrigger",
     "TaskState",
+    "TaskSuccessEvent",
+    "TimeDeltaTrigger",
+    "TriggerEvent",
+    "TriggerFailedError",
+    "TriggerTimeoutError",
     "__version__",
     "current_fencing_token",
+    "defer",
     "recoverable",
 ]

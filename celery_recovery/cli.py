@@ -162,19 +162,7 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool) -> None:
     import json
     import time
 
-    from .recovery import Recovery
-
-    app = ctx.find_root().meta.get("celery_recovery", {}).get("app")
-    if app is None:
-        raise CLIError("sweep needs the Celery app to publish tasks again: pass --app")
-    overrides = {}
-    database_url = ctx.find_root().meta["celery_recovery"].get("database_url")
-    if database_url:
-        overrides["database_url"] = database_url
-    try:
-        installed = Recovery(app, **overrides)
-    except RecoveryError as exc:
-        raise CLIError(str(exc)) from None
+    installed = _installed_recovery(ctx, "sweep needs the Celery app to publish tasks again")
     while True:
         report = installed.sweep().as_dict()
         if as_json:
@@ -188,6 +176,60 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool) -> None:
         if not loop:
             return
         time.sleep(installed.settings.sweep_interval)
+
+
+@recovery.command("triggerer")
+@click.option(
+    "-Q",
+    "--queues",
+    default="default",
+    show_default=True,
+    metavar="A,B",
+    help="Comma-separated trigger queues this triggerer serves.",
+)
+@click.option(
+    "--capacity",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most triggers run at once [default: recovery_triggerer_capacity].",
+)
+@click.option(
+    "-l",
+    "--loglevel",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.pass_context
+def triggerer(ctx: click.Context, queues: str, capacity: int | None, loglevel: str) -> None:
+    """Run deferred tasks' triggers on one asyncio loop, with no worker slot held.
+
+    Several triggerers (on several hosts) share the work; each claims the
+    triggers of its queues, and those of a triggerer that stopped
+    heartbeating.  SIGTERM hands its triggers to the others at once.
+
+    \b
+    Example:
+      celery -A proj recovery triggerer --queues default,reports --capacity 5000
+    """
+    import logging
+
+    from .triggerer import Triggerer
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    if not names:
+        raise click.BadParameter(
+            "name at least one queue, e.g. --queues default", param_hint="--queues"
+        )
+    installed = _installed_recovery(
+        ctx,
+        "the triggerer needs the Celery app (its result backend "
+        "and broker, and the modules of its triggers)",
+    )
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
+    )
+    Triggerer(installed, names, capacity).run()
 
 
 @recovery.command("demo")
@@ -205,6 +247,23 @@ def demo() -> None:
     from .demo.runner import run_demo
 
     sys.exit(run_demo())
+
+
+def _installed_recovery(ctx: click.Context, why: str) -> Any:
+    """celery-recovery installed on the command's app (``--app``), with ``--database-url``."""
+    from .recovery import Recovery
+
+    options = ctx.find_root().meta.get("celery_recovery", {})
+    app = options.get("app")
+    if app is None:
+        raise CLIError(f"{why}: pass --app (or use `celery -A proj recovery ...`)")
+    overrides = {}
+    if options.get("database_url"):
+        overrides["database_url"] = options["database_url"]
+    try:
+        return Recovery(app, **overrides)
+    except RecoveryError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -37,3 +37,16 @@ class LostWorkerError(RecoveryError):
         super().__init__(message)
         self.task_id = task_id
         self.try_number = try_number
+
+
+class DeferralError(RecoveryError):
+    """``defer()`` was called wrongly, or a stored trigger cannot be rebuilt."""
+
+
+class TriggerFailedError(RecoveryError):
+    """A deferred task's trigger failed: it raised, yielded ``TaskFailedEvent``, or
+    could not be loaded.  Stored as the task's failure in the result backend."""
+
+
+class TriggerTimeoutError(TriggerFailedError):
+    """A deferred task waited longer than the ``timeout`` given to ``defer()``."""

@@ -8,12 +8,14 @@ restores a message whose task is still running past the visibility timeout.
 
 The check runs at ``task_prerun``, before the try is claimed, and only for
 deliveries that can be stale (so the hot path does not pay a round trip):
-those the broker marks redelivered, and those published longer ago than half
-of ``recovery_queued_timeout`` (the lost-message sweep only replaces older
-ones).  A delivery is dropped when its try was superseded by a later try, is
-already finished, or is running in a live job.  Signals cannot skip a task
-body, so :func:`install_stale_delivery_guard` gives every task of the app a
-``before_start`` that raises ``Ignore`` for a dropped delivery.
+those the broker marks redelivered, resumes of deferred tries, and those
+published longer ago than half of ``recovery_queued_timeout`` (the
+lost-message sweep only replaces older ones).  A delivery is dropped when its
+try was superseded by a later try, is already finished, is deferred, or is
+running in a live job.  Signals cannot skip a task body, so
+:func:`install_stale_delivery_guard` gives every task of the app a
+``before_start`` that raises ``Ignore`` for a dropped delivery (and the
+``__call__`` that runs a resumed try's method, see :mod:`.deferral`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
 
+from .deferral import RESUME_HEADER, install_resume
 from .errors import StoreError
 from .messages import try_number_of
 from .republish import PUBLISHED_AT_HEADER
@@ -49,6 +52,7 @@ def install_stale_delivery_guard(recovery: Recovery) -> None:
         for task in list(app.tasks.values()):
             if not task.name.startswith(("celery.", "celery_recovery.")):
                 _guard(type(task))
+                install_resume(type(task))
 
     if app.finalized:
         guard_all()
@@ -101,6 +105,8 @@ def _stale_because(view: dict[str, Any], try_number: int, fresh: float) -> str |
         return f"superseded by try {view['latest']}"
     if state in FINISHED_TASK_STATES:
         return f"the try is already {state}"
+    if state == TaskState.DEFERRED:
+        return "the try is deferred, waiting for its trigger"
     if state == TaskState.RUNNING and view["job_state"] == JobState.RUNNING:
         heartbeat = view["job_heartbeat"]
         if heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=fresh):
@@ -126,6 +132,8 @@ def _may_be_stale(request: Any, queued_timeout: float) -> bool:
     delivery = request.delivery_info or {}
     if delivery.get("redelivered"):
         return True
+    if getattr(request, RESUME_HEADER, None) is not None:
+        return True  # a triggerer that died after publishing may have published it twice
     published = getattr(request, PUBLISHED_AT_HEADER, None)
     if isinstance(published, int | float):
         return time.time() - published > queued_timeout / 2

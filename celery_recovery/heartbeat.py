@@ -49,6 +49,11 @@ class HeartbeatThread(threading.Thread):
     def job_id(self) -> str:
         return str(self.job["id"])
 
+    @property
+    def registered(self) -> bool:
+        """True once the job row was written (a triggerer claims work only then)."""
+        return self._registered
+
     def run(self) -> None:
         while True:
             if self.health.available():

@@ -73,6 +73,7 @@ class ProcessRuntime:
         job_type: JobType,
         node_name: str | None = None,
         on_beat: Callable[[], None] | None = None,
+        queues: str | None = None,
     ) -> str:
         """Make this process a job (once) and start its heartbeat thread; returns the job id."""
         if self.heartbeat is not None:
@@ -87,6 +88,7 @@ class ProcessRuntime:
             "state": JobState.RUNNING,
             "start_date": now,
             "latest_heartbeat": now,
+            "queues": queues,
         }
         self.heartbeat = HeartbeatThread(
             self.store, self.health, job, self.settings.heartbeat_interval, on_beat=on_beat

@@ -40,6 +40,8 @@ DEFAULT_ADOPTION_TIMEOUT = 600.0
 DEFAULT_MAX_REPUBLISH = 3
 #: Seconds one failure callback or listener may run before the sweep moves on.
 DEFAULT_CALLBACK_TIMEOUT = 30.0
+#: Triggers one triggerer process runs at once.
+DEFAULT_TRIGGERER_CAPACITY = 1000
 #: Timing preset whose values are the defaults of the timing settings.
 DEFAULT_PRESET = "default"
 
@@ -102,6 +104,32 @@ def _count(key: str, value: Any) -> int:
     if result < 0 or (isinstance(value, float) and value != result):
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0")
     return result
+
+
+def _positive_count(key: str, value: Any) -> int:
+    result = _count(key, value)
+    if result < 1:
+        raise ConfigurationError(f"{key}={value!r} must be a whole number >= 1")
+    return result
+
+
+def _module_prefixes(key: str, value: Any) -> tuple[str, ...] | None:
+    if value is None or value == "":
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple | set | frozenset):
+        raise ConfigurationError(
+            f"{key}={value!r} must be a list of module names (or one comma-separated string)"
+        )
+    prefixes = []
+    for item in items:
+        name = item.strip() if isinstance(item, str) else None
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigurationError(
+                f"{key} item {item!r} is not a module name like 'myapp.triggers'"
+            )
+        prefixes.append(name)
+    return tuple(prefixes)
 
 
 def _preset(key: str, value: Any) -> str:
@@ -212,6 +240,20 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "How long one failure callback or listener may run before the sweep moves on.",
         "s",
     ),
+    SettingSpec(
+        "triggerer_capacity",
+        DEFAULT_TRIGGERER_CAPACITY,
+        _positive_count,
+        "Most triggers one triggerer process runs at once (its `--capacity` overrides it).",
+    ),
+    SettingSpec(
+        "trigger_allowed_modules",
+        None,
+        _module_prefixes,
+        "Modules (and their submodules) a triggerer may import trigger classes from. Unset: "
+        "`celery_recovery` and the top-level packages of the app's own tasks. A class path "
+        "stored in the database outside these is refused, never imported.",
+    ),
 )
 
 _SPECS = {spec.name: spec for spec in SETTINGS}
@@ -231,6 +273,8 @@ class RecoverySettings:
     adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
     max_republish: int = DEFAULT_MAX_REPUBLISH
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
+    triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
+    trigger_allowed_modules: tuple[str, ...] | None = None
     preset: str = DEFAULT_PRESET
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ from celery.signals import (
     task_revoked,
 )
 
+from ..deferral import was_deferred
 from ..errors import LostWorkerError
 from ..execution import check_delivery, was_dropped
 from ..messages import record_from_request, try_number_of
@@ -120,6 +121,9 @@ def on_postrun(
         return
     if was_dropped(task_id):
         return  # a stale delivery: the try's record belongs to the run that was not stale
+    if was_deferred(task_id):
+        _started_at().pop(task_id, None)
+        return  # defer() already moved the try to deferred
     new, reason = _OUTCOMES.get(
         state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
     )

@@ -99,6 +99,7 @@ jobs = Table(
     Column("start_date", UTCDateTime, nullable=False),
     Column("end_date", UTCDateTime),
     Column("latest_heartbeat", UTCDateTime, nullable=False),
+    Column("queues", Text, comment="Comma-separated queues a triggerer serves"),
     Index(
         "ix_jobs_live",
         "job_type",
@@ -173,7 +174,12 @@ triggers = Table(
     Column("timeout_at", UTCDateTime),
     Column("triggerer_id", String(32), comment="jobs.id of the triggerer running it"),
     Column("created_at", UTCDateTime, nullable=False),
+    Column("claimed_at", UTCDateTime, comment="When triggerer_id took it"),
+    Column("fired_at", UTCDateTime, comment="When its event was recorded"),
+    Column("event_kind", String(16), comment="resume, success or failure"),
+    Column("event", MessageJSON, comment="The event's payload"),
     Index("ix_triggers_triggerer_id", "triggerer_id"),
+    Index("ix_triggers_queue", "queue"),
     Index("ix_triggers_task", "task_id", "try_number"),
 )
 

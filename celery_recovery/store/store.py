@@ -28,6 +28,7 @@ from .engine import create_store_engine
 from .migrate import ensure_schema
 from .schema import jobs, task_records
 from .sweep_ops import SweepOperations
+from .trigger_ops import TriggerOperations
 
 T = TypeVar("T")
 
@@ -86,7 +87,7 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store(SweepOperations):
+class Store(SweepOperations, TriggerOperations):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:

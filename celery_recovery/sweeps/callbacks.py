@@ -24,13 +24,17 @@ from typing import Any
 from billiard.einfo import ExceptionInfo
 from celery.signals import task_failure
 
-from ..errors import LostWorkerError
+from ..errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
 from .context import SweepContext
 
 logger = logging.getLogger("celery_recovery.callbacks")
 
 #: Deliveries of one row that may die before it is given up.
 MAX_ATTEMPTS = 5
+
+#: Exceptions a callback row may name (a deferred try failed by its trigger);
+#: anything else is a lost worker.
+_EXCEPTIONS = {cls.__name__: cls for cls in (TriggerFailedError, TriggerTimeoutError)}
 
 
 def deliver_callbacks(ctx: SweepContext) -> None:
@@ -61,7 +65,9 @@ def deliver_callbacks(ctx: SweepContext) -> None:
 def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
     payload = row["payload"] or {}
     task_id, try_number, kind = row["task_id"], row["try_number"], row["kind"]
-    exc = LostWorkerError(payload.get("reason") or "worker lost", task_id, try_number)
+    reason = payload.get("reason") or "worker lost"
+    named = _EXCEPTIONS.get(payload.get("exception") or "")
+    exc = named(reason) if named else LostWorkerError(reason, task_id, try_number)
     einfo = _einfo(exc)
     args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
     task = ctx.recovery.app.tasks.get(payload.get("task_name") or "")

@@ -15,7 +15,14 @@ from typing import Any
 
 from celery import Celery, Task
 
-from celery_recovery import Recovery, current_fencing_token, recoverable
+from celery_recovery import (
+    Recovery,
+    TimeDeltaTrigger,
+    current_fencing_token,
+    defer,
+    recoverable,
+)
+from tests.apps import triggers
 
 
 def create_app(
@@ -58,6 +65,12 @@ def create_app(
 def _append(path: str, line: str) -> None:
     with open(path, "a") as handle:
         handle.write(line + "\n")
+
+
+def resumed(task, event, ledger):
+    """Where a deferred ``wait`` resumes, on a worker, with its trigger's event."""
+    _append(ledger, f"resumed {task.request.id} pid={os.getpid()}")
+    return {"event": event, "try": task.request.retries + 1}
 
 
 class LedgerTask(Task):
@@ -148,6 +161,29 @@ def _register_tasks(app: Celery) -> None:
     def charge_briefly(self, ledger, order_id):
         _append(ledger, f"run {order_id}")
         return order_id
+
+    @app.task(shared=False, name="lifecycle.wait", bind=True, base=LedgerTask, max_retries=0)
+    def wait(self, ledger, seconds, queue="default", end=False, block=0.0, timeout=None):
+        """Defers on a Sleep trigger; resumes in the module's ``resumed``."""
+        _append(ledger, f"start {self.request.id} pid={os.getpid()}")
+        trigger = triggers.Sleep(triggers.due_in(seconds), queue=queue, end=end, block=block)
+        defer(trigger, method_name="resumed", kwargs={"ledger": ledger}, timeout=timeout)
+
+    @app.task(shared=False, name="lifecycle.wait_on", bind=True, base=LedgerTask, max_retries=0)
+    def wait_on(self, ledger, kind, timeout=None):
+        """Defers on one of the failing triggers (``Explodes``, ``Never``, ``Missing``...)."""
+        defer(
+            getattr(triggers, kind)(),
+            method_name="resumed",
+            kwargs={"ledger": ledger},
+            timeout=timeout,
+        )
+
+    @app.task(shared=False, name="lifecycle.nap", bind=True)
+    @recoverable
+    def nap(self, seconds):
+        """A bare TimeDeltaTrigger that completes the task from the triggerer."""
+        defer(TimeDeltaTrigger(seconds, end_from_trigger=True, result={"slept": seconds}))
 
     @app.task(shared=False, name="lifecycle.describe", serializer="pickle")
     def describe(value):

@@ -1,0 +1,216 @@
+"""``defer()``: give up the worker slot until a trigger fires, then resume or finish.
+
+``defer(trigger, method_name=...)`` inside a task body records the try as
+``deferred`` together with its trigger row (one transaction), marks the
+task ``DEFERRED`` in the result backend, and raises :class:`TaskDeferred`
+(an ``Ignore``), so Celery acknowledges the message and frees the slot
+without storing a result.  The triggerer later either completes the task
+itself or publishes it again with the resume header; the task's ``__call__``
+(wrapped for every task of the app) then runs ``method_name(event, **kwargs)``
+instead of the body.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from celery import current_task
+from celery.exceptions import Ignore
+
+from .errors import DeferralError, StoreError
+from .messages import record_from_request, try_number_of
+from .timeutils import utcnow
+from .triggers.base import BaseTrigger
+from .triggers.loading import allowed_prefixes, check_json, serialize_trigger
+
+if TYPE_CHECKING:
+    from .recovery import Recovery
+
+logger = logging.getLogger("celery_recovery.deferral")
+
+#: Message header of a resumed try: the method, its kwargs and the event.
+RESUME_HEADER = "recovery_resume"
+#: Result-backend state of a task waiting for its trigger.
+DEFERRED_STATE = "DEFERRED"
+#: Seconds before a task that could not defer (store unavailable) runs again.
+STORE_RETRY_COUNTDOWN = 10
+
+_WRAPPED = "_celery_recovery_resumable"
+_deferred = threading.local()
+
+
+class TaskDeferred(Ignore):
+    """Raised by :func:`defer`; Celery acknowledges the message and records nothing.
+
+    Do not catch it in the task body (``except Exception`` would), just as
+    Celery's own ``Retry``.
+    """
+
+    def __init__(
+        self,
+        message: str = "deferred",
+        trigger: BaseTrigger | None = None,
+        method_name: str | None = None,
+    ) -> None:
+        # Only the message travels: the pool pickles exceptions as cls(*args).
+        super().__init__(message)
+        self.trigger = trigger
+        self.method_name = method_name
+
+
+def defer(
+    trigger: BaseTrigger,
+    method_name: str | None = None,
+    kwargs: dict[str, Any] | None = None,
+    timeout: float | timedelta | None = None,
+) -> NoReturn:
+    """Release this task's worker slot until ``trigger`` fires.
+
+    When the trigger yields ``TriggerEvent(payload)``, the task runs again on a
+    worker (same id, same try) in ``method_name(event, **kwargs)``, looked up
+    on the task's class first, then as a function ``method_name(task, event,
+    **kwargs)`` in the task's module; with no ``method_name`` the body runs
+    again with ``self.request.trigger_event`` set.  ``TaskSuccessEvent(value)``
+    completes the task with ``value`` and ``TaskFailedEvent(error)`` fails it,
+    with no worker at all.  After ``timeout`` seconds the task fails with
+    :class:`~celery_recovery.errors.TriggerTimeoutError`.
+
+    Raises :class:`~celery_recovery.errors.DeferralError` for wrong arguments
+    (before anything is recorded).
+    """
+    task = current_task._get_current_object() if current_task else None
+    if task is None or task.request.called_directly or task.request.is_eager:
+        raise DeferralError("defer() must be called from a task body run by a Celery worker")
+    from .recovery import recovery_for_app
+
+    recovery = recovery_for_app(task.app)
+    if recovery is None:
+        raise DeferralError(f"defer() needs celery-recovery installed on app {task.app.main!r}")
+    prefixes = allowed_prefixes(task.app, recovery.settings.trigger_allowed_modules)
+    classpath, trigger_kwargs = serialize_trigger(trigger, prefixes)
+    if method_name is not None:
+        resolve_method(task, method_name)
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise DeferralError(f"defer() kwargs={kwargs!r} must be a dict")
+        check_json(kwargs, "defer() kwargs")
+    queue = getattr(trigger, "queue", None) or "default"
+    if not isinstance(queue, str):
+        raise DeferralError(f"trigger queue={queue!r} must be a string")
+    timeout_at = None
+    if timeout is not None:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+            raise DeferralError(f"defer() timeout={timeout!r} must be a positive number of seconds")
+        timeout_at = utcnow() + timedelta(seconds=seconds)
+    _record_deferral(
+        recovery,
+        task,
+        {
+            "classpath": classpath,
+            "kwargs": trigger_kwargs,
+            "method_name": method_name,
+            "method_kwargs": kwargs,
+            "queue": queue,
+            "timeout_at": timeout_at,
+        },
+    )
+    raise TaskDeferred(f"deferred until {trigger!r} fires", trigger, method_name)
+
+
+def _record_deferral(recovery: Recovery, task: Any, trigger_row: dict[str, Any]) -> None:
+    request = task.request
+    runtime = recovery.runtime
+    now = utcnow()
+    # The try's running claim may still wait in this process's write buffer.
+    runtime.writer.flush(timeout=5.0)
+    record = record_from_request(task, now, runtime.job_id)
+    try:
+        done, state = recovery.store.defer_try(record, {**trigger_row, "created_at": now}, now)
+    except StoreError as exc:
+        runtime.health.record_failure(exc, f"deferring {request.id}")
+        logger.warning(
+            "celery-recovery: cannot defer %s[%s] while the store is unavailable (%s); "
+            "it runs again in %ss",
+            task.name,
+            request.id,
+            exc,
+            STORE_RETRY_COUNTDOWN,
+        )
+        # Not counted against max_retries: the task itself did not fail.
+        raise task.retry(
+            countdown=STORE_RETRY_COUNTDOWN, max_retries=request.retries + 1, exc=exc
+        ) from None
+    if not done:
+        raise DeferralError(
+            f"try {try_number_of(request)} of {task.name}[{request.id}] is {state} in the "
+            "store, so it cannot be deferred"
+        )
+    _deferred.task_id = request.id
+    try:
+        task.backend.store_result(
+            request.id,
+            {"trigger": trigger_row["classpath"], "queue": trigger_row["queue"]},
+            DEFERRED_STATE,
+            request=request,
+        )
+    except Exception as exc:  # the record is what recovery relies on; the state is a courtesy
+        logger.warning(
+            "celery-recovery: could not store %s for %s: %s", DEFERRED_STATE, request.id, exc
+        )
+
+
+def was_deferred(task_id: str) -> bool:
+    """True (once) when this thread's run of ``task_id`` ended in ``defer()``."""
+    if getattr(_deferred, "task_id", None) == task_id:
+        _deferred.task_id = None
+        return True
+    return False
+
+
+def resolve_method(task: Any, name: str) -> Callable[..., Any]:
+    """``name`` on the task's class (bound), else a function in the task's module
+    called with the task first."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise DeferralError(f"method_name={name!r} must be a method or function name")
+    if callable(getattr(type(task), name, None)):
+        return getattr(task, name)  # type: ignore[no-any-return]
+    module = sys.modules.get(type(task).__module__)
+    function = getattr(module, name, None) if module is not None else None
+    if callable(function):
+        return functools.partial(function, task)
+    raise DeferralError(
+        f"method_name={name!r}: no method {name}() on {type(task).__name__} and no function "
+        f"{name}() in module {type(task).__module__}"
+    )
+
+
+def install_resume(cls: type) -> None:
+    """Make ``cls`` run the resume method of a resumed delivery instead of its body."""
+    if cls.__dict__.get(_WRAPPED):
+        return
+    original = cls.__call__
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        resume = getattr(self.request, RESUME_HEADER, None)
+        if not isinstance(resume, dict):
+            return original(self, *args, **kwargs)
+        event = resume.get("event")
+        method = resume.get("method")
+        if method is None:
+            self.request.trigger_event = event
+            return original(self, *args, **kwargs)
+        return resolve_method(self, method)(event, **(resume.get("kwargs") or {}))
+
+    cls.__call__ = __call__  # type: ignore[method-assign]
+    setattr(cls, _WRAPPED, True)
+
+
+def resume_header(method: str | None, kwargs: Any, event: Any) -> dict[str, Any]:
+    return {"method": method, "kwargs": kwargs or {}, "event": event}

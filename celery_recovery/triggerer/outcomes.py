@@ -1,0 +1,206 @@
+"""What a trigger's event does: decided once in the store, then carried out.
+
+Runs in a worker thread of the triggerer (never on its event loop), a batch
+at a time: one transaction fires the batch's triggers (compare-and-set while
+this triggerer still holds them), then, with no transaction open, resumed
+tries are published again and completed or failed ones are written to the
+result backend, then one transaction gives the tries their outcome and
+deletes the rows.  A fired row left behind by a dead triggerer is finished
+by its next claimer from the event stored on it, without running the
+trigger again.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery import states
+
+from ..deferral import RESUME_HEADER, resume_header
+from ..errors import DeferralError, TriggerFailedError, TriggerTimeoutError
+from ..republish import republish
+from ..store.trigger_ops import FAILURE, RESUME, SUCCESS, Finish, Firing
+from ..timeutils import utcnow
+from ..triggers.base import TaskFailedEvent, TaskSuccessEvent, TriggerEvent
+from ..triggers.loading import check_json
+
+if TYPE_CHECKING:
+    from ..recovery import Recovery
+
+logger = logging.getLogger("celery_recovery.triggerer")
+
+#: Longest error text kept for a failed trigger.
+MAX_ERROR_LENGTH = 4000
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The event one trigger produced (or the failure it met), for its row."""
+
+    row: dict[str, Any]
+    kind: str
+    payload: Any = None
+
+    @property
+    def trigger_id(self) -> int:
+        return int(self.row["id"])
+
+
+def from_event(row: dict[str, Any], event: Any) -> Outcome:
+    """The outcome of an event a trigger yielded; a malformed event fails the task."""
+    if isinstance(event, TriggerEvent):
+        kind, payload = RESUME, event.payload
+    elif isinstance(event, TaskSuccessEvent):
+        kind, payload = SUCCESS, event.value
+    elif isinstance(event, TaskFailedEvent):
+        return failure(row, str(event.error))
+    else:
+        return failure(
+            row,
+            f"the trigger yielded {event!r}, not a TriggerEvent, "
+            "TaskSuccessEvent or TaskFailedEvent",
+        )
+    try:
+        check_json(payload, "the event's payload")
+    except DeferralError as exc:
+        return failure(row, str(exc))
+    return Outcome(row, kind, payload)
+
+
+def failure(row: dict[str, Any], error: str, exception: type = TriggerFailedError) -> Outcome:
+    return Outcome(
+        row, FAILURE, {"error": error[:MAX_ERROR_LENGTH], "exception": exception.__name__}
+    )
+
+
+def crashed(row: dict[str, Any]) -> Outcome:
+    """The outcome of a trigger whose ``run()`` raised (call inside ``except``)."""
+    return failure(row, "the trigger raised:\n" + traceback.format_exc())
+
+
+def timed_out(row: dict[str, Any]) -> Outcome:
+    return failure(
+        row,
+        f"the deferral timed out at {row['timeout_at']} before its trigger fired",
+        TriggerTimeoutError,
+    )
+
+
+def stored(row: dict[str, Any]) -> Outcome:
+    """The outcome already recorded on a fired row."""
+    return Outcome(row, row["event_kind"], row["event"])
+
+
+class OutcomeApplier:
+    """Fires, carries out and finishes batches of outcomes for one triggerer."""
+
+    def __init__(self, recovery: Recovery) -> None:
+        self.recovery = recovery
+        self.store = recovery.store
+        #: Counters for reports, tests and metrics.
+        self.applied = {RESUME: 0, SUCCESS: 0, FAILURE: 0}
+        self.lost = 0
+
+    def apply(self, owner: str, outcomes: list[Outcome]) -> set[int]:
+        """Apply a batch; returns the ids of the triggers finished.
+
+        Raises :class:`~celery_recovery.errors.StoreError`; applying the same
+        batch again is safe (a fired row keeps its first event).
+        """
+        if not outcomes:
+            return set()
+        firings = [self._firing(o) for o in outcomes]
+        fired, to_publish = self.store.fire_triggers(owner, firings, utcnow())
+        self.lost += len(outcomes) - len(fired)
+        done: list[Finish] = []
+        retry_later: list[int] = []
+        for outcome in outcomes:
+            if outcome.trigger_id not in fired:
+                continue  # another triggerer holds it now
+            if self._carry_out(outcome, to_publish.get(outcome.trigger_id)):
+                done.append(self._finish(outcome))
+            else:
+                retry_later.append(outcome.trigger_id)
+        self.store.finish_triggers(owner, done, utcnow())
+        if retry_later:
+            # Fired but not carried out (result backend down): any triggerer,
+            # this one included, finishes them from the stored event later.
+            self.store.release_triggers(owner, retry_later)
+        for finish in done:
+            self.applied[finish.kind] += 1
+        return {f.trigger_id for f in done}
+
+    def _firing(self, outcome: Outcome) -> Firing:
+        row = outcome.row
+        header = None
+        if outcome.kind == RESUME:
+            header = (
+                RESUME_HEADER,
+                resume_header(row.get("method_name"), row.get("method_kwargs"), outcome.payload),
+            )
+        return Firing(
+            int(row["id"]),
+            row["task_id"],
+            int(row["try_number"]),
+            outcome.kind,
+            outcome.payload,
+            header,
+        )
+
+    def _carry_out(self, outcome: Outcome, record: dict[str, Any] | None) -> bool:
+        """The event's effect outside the store; False to try again later."""
+        row = outcome.row
+        app = self.recovery.app
+        task_id = row["task_id"]
+        try:
+            if outcome.kind == RESUME:
+                if record is not None:
+                    republish(app, record, int(row["try_number"]))
+            elif outcome.kind == SUCCESS:
+                app.backend.store_result(task_id, outcome.payload, states.SUCCESS)
+            else:
+                app.backend.mark_as_failure(task_id, _exception(outcome.payload))
+        except Exception as exc:
+            if outcome.kind == RESUME:
+                # The try is queued: the lost-message sweep publishes it when overdue.
+                logger.warning(
+                    "celery-recovery: could not publish the resume of %s (%s); the "
+                    "lost-message sweep will",
+                    task_id,
+                    exc,
+                )
+                return True
+            logger.warning(
+                "celery-recovery: could not store the outcome of %s in the result backend "
+                "(%s); will try again",
+                task_id,
+                exc,
+            )
+            return False
+        return True
+
+    def _finish(self, outcome: Outcome) -> Finish:
+        row = outcome.row
+        kind = outcome.kind
+        if kind == FAILURE:
+            payload = outcome.payload or {}
+            return Finish(
+                int(row["id"]),
+                row["task_id"],
+                int(row["try_number"]),
+                kind,
+                reason="failed by its trigger",
+                error=str(payload.get("error")),
+                exception=str(payload.get("exception") or TriggerFailedError.__name__),
+            )
+        reason = "completed by its trigger" if kind == SUCCESS else "resumed by its trigger"
+        return Finish(int(row["id"]), row["task_id"], int(row["try_number"]), kind, reason)
+
+
+def _exception(payload: Any) -> Exception:
+    payload = payload or {}
+    cls = TriggerTimeoutError if payload.get("exception") == "TriggerTimeoutError" else None
+    return (cls or TriggerFailedError)(str(payload.get("error") or "the trigger failed"))
