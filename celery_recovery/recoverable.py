@@ -119,7 +119,7 @@ def recoverable(
             recovery = recovery_for_app(task.app) if task is not None else None
             if recovery is None or task.request.called_directly:
                 return function(*args, **kwargs)
-            key = build_key(function, idempotency_key, task.name, args, kwargs)
+            key = build_key(function, idempotency_key, task.name, args, kwargs, task)
             return _run_guarded(recovery, task, key, function, args, kwargs)
 
         def _run_guarded(recovery, task, key, function, args, kwargs):  # type: ignore[no-untyped-def]

@@ -15,10 +15,20 @@ KeySpec = str | Callable[..., Any] | None
 
 
 def build_key(
-    func: Callable[..., Any], spec: KeySpec, task_name: str, args: tuple, kwargs: dict
+    func: Callable[..., Any],
+    spec: KeySpec,
+    task_name: str,
+    args: tuple,
+    kwargs: dict,
+    task: Any = None,
 ) -> str:
-    """The idempotency key of one call of ``func`` (the task body) with these arguments."""
+    """The idempotency key of one call of ``func`` (the task body) with these arguments.
+
+    ``task`` is the task instance, left out of the hash when the body is bound.
+    """
     if spec is None:
+        if args and task is not None and args[0] is task:
+            args = args[1:]
         payload = kombu_dumps([list(args), kwargs], sort_keys=True)
         return f"{task_name}:{hashlib.sha256(payload.encode()).hexdigest()[:32]}"
     if callable(spec):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, insert, or_, select, tuple_, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from ..states import JobState, JobType, TaskState
@@ -173,25 +173,33 @@ class TriggerOperations:
 
     def fire_triggers(
         self, owner: str, firings: Sequence[Firing], now: datetime
-    ) -> tuple[set[int], dict[int, dict[str, Any]]]:
+    ) -> tuple[dict[int, tuple[str, Any]], dict[int, dict[str, Any]]]:
         """Record each event on its trigger while ``owner`` still holds it.
 
         A resume also moves the try back to ``queued`` with its resume header.
         A row that was already fired keeps its first event (firing again after
         a failed attempt, or finishing a dead triggerer's row, is safe).
-        Returns the ids ``owner`` holds and, for resumes whose try is queued
-        and not yet started, the tries to publish, by trigger id.
+        Returns the event decided for each trigger ``owner`` holds, as
+        ``(kind, payload)`` by id, and for resumes whose try is queued and not
+        yet started, the tries to publish, by trigger id.
         """
         if not firings:
-            return set(), {}
+            return {}, {}
         by_id = {f.trigger_id: f for f in firings}
-        held_stmt = select(triggers.c.id, triggers.c.fired_at).where(
-            triggers.c.id.in_(list(by_id)), triggers.c.triggerer_id == owner
-        )
+        held_stmt = select(
+            triggers.c.id, triggers.c.fired_at, triggers.c.event_kind, triggers.c.event
+        ).where(triggers.c.id.in_(list(by_id)), triggers.c.triggerer_id == owner)
         if self.dialect == "postgresql":
             held_stmt = held_stmt.with_for_update()
         with self.transaction() as conn:
-            held = {row.id: row.fired_at for row in conn.execute(held_stmt)}
+            rows = conn.execute(held_stmt).all()
+            held = {row.id: row.fired_at for row in rows}
+            decided = {
+                row.id: (row.event_kind, row.event)
+                if row.fired_at is not None
+                else (by_id[row.id].kind, by_id[row.id].payload)
+                for row in rows
+            }
             fresh = sorted(i for i, fired_at in held.items() if fired_at is None)
             if fresh:
                 conn.execute(
@@ -205,9 +213,9 @@ class TriggerOperations:
                         for i in fresh
                     ],
                 )
-            resumes = [by_id[i] for i in sorted(held) if by_id[i].kind == RESUME]
+            resumes = [by_id[i] for i in sorted(held) if decided[i][0] == RESUME]
             published = self._queue_resumes(conn, resumes, now) if resumes else {}
-        return set(held), published
+        return decided, published
 
     def _queue_resumes(
         self, conn: Connection, resumes: Sequence[Firing], now: datetime
@@ -361,13 +369,17 @@ class TriggerOperations:
         served: set[str] = set()
         for job in self._live_triggerers(now, dead_after):
             served.update(q for q in (job["queues"] or "").split(",") if q)
-        stmt = select(triggers.c.queue).where(triggers.c.fired_at.is_(None))
+        stmt = (
+            select(triggers.c.queue, func.count())
+            .where(triggers.c.fired_at.is_(None))
+            .group_by(triggers.c.queue)
+        )
         with self.transaction() as conn:
             waiting: dict[str, int] = {}
-            for queue in conn.execute(stmt).scalars():
+            for queue, count in conn.execute(stmt).all():
                 name = queue or "default"
                 if name not in served:
-                    waiting[name] = waiting.get(name, 0) + 1
+                    waiting[name] = waiting.get(name, 0) + int(count)
         return waiting
 
     def _live_triggerers(self, now: datetime, dead_after: float) -> list[dict[str, Any]]:

@@ -29,6 +29,8 @@ class SweepReport:
     dead_jobs: int = 0
     callbacks_delivered: int = 0
     callbacks_failed: int = 0
+    deferred_timeouts: int = 0
+    unserved_triggers: int = 0
     races_lost: int = 0
     errors: int = 0
     duration: float = 0.0

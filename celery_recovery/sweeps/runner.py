@@ -1,4 +1,4 @@
-"""One sweep pass: zombies, lost messages, dead jobs, then failure callbacks."""
+"""One sweep pass: zombies, lost messages, dead jobs, deferred tasks, then failure callbacks."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..timeutils import utcnow
 from .callbacks import deliver_callbacks
 from .context import SweepContext, SweepReport
+from .deferred import sweep_deferred
 from .jobs import sweep_dead_jobs
 from .lost_messages import sweep_lost_messages
 from .zombies import sweep_zombies
@@ -29,6 +30,7 @@ STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
     ("zombies", sweep_zombies),
     ("lost messages", sweep_lost_messages),
     ("dead jobs", sweep_dead_jobs),
+    ("deferred tasks", sweep_deferred),
     ("callbacks", deliver_callbacks),
 )
 

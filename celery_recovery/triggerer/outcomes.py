@@ -113,13 +113,15 @@ class OutcomeApplier:
         if not outcomes:
             return set()
         firings = [self._firing(o) for o in outcomes]
-        fired, to_publish = self.store.fire_triggers(owner, firings, utcnow())
-        self.lost += len(outcomes) - len(fired)
+        decided, to_publish = self.store.fire_triggers(owner, firings, utcnow())
+        self.lost += len(outcomes) - len(decided)
         done: list[Finish] = []
         retry_later: list[int] = []
         for outcome in outcomes:
-            if outcome.trigger_id not in fired:
+            if outcome.trigger_id not in decided:
                 continue  # another triggerer holds it now
+            # A row fired earlier keeps the event it was fired with.
+            outcome = Outcome(outcome.row, *decided[outcome.trigger_id])
             if self._carry_out(outcome, to_publish.get(outcome.trigger_id)):
                 done.append(self._finish(outcome))
             else:

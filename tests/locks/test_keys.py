@@ -28,6 +28,16 @@ def test_default_key_is_the_task_name_and_a_stable_hash():
     assert a == b != c and a.startswith("shop.charge:")
 
 
+def test_default_key_of_a_bound_task_leaves_the_task_out():
+    class Task:  # a task instance differs per process; its hash must not
+        pass
+
+    first, second = Task(), Task()
+    a = build_key(charge, None, "shop.charge", (first, 1), {}, first)
+    b = build_key(charge, None, "shop.charge", (second, 1), {}, second)
+    assert a == b == build_key(charge, None, "shop.charge", (1,), {})
+
+
 def test_template_naming_an_unknown_parameter_is_refused_at_decoration():
     with pytest.raises(ConfigurationError, match=r"'order'.*parameters: self, order_id, currency"):
         recoverable(idempotency_key="charge:{order}")(charge)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from celery_recovery import DEFERRED_STATE, TaskState
 from tests.sweeps.helpers import ledger_lines
 from tests.workers import wait_for
@@ -33,3 +37,95 @@ def test_trigger_event_resumes_the_task_in_its_method(
     wait_for(lambda: _state(store, result.id) == TaskState.SUCCESS, 10, what="success")
     assert len(store.tries(result.id)) == 1  # resumed as the same try
     assert store.list_triggers(result.id) == []
+
+
+def test_task_success_event_completes_the_task_with_no_worker(
+    client_app, store, start_worker, start_triggerer
+):
+    worker = start_worker(concurrency=1)
+    result = client_app.tasks["lifecycle.nap"].delay(1.5)
+    wait_for(lambda: _state(store, result.id) == TaskState.DEFERRED, 20, what="deferred")
+    worker.stop()  # no worker at all from here on
+    start_triggerer()
+    assert result.get(timeout=30) == {"slept": 1.5}
+    # The result backend is written first, then the record (so a crash between is redone).
+    wait_for(lambda: _state(store, result.id) == TaskState.SUCCESS, 10, what="success")
+    [record] = store.tries(result.id)
+    assert record["state_reason"] == "completed by its trigger"
+    assert store.list_triggers(result.id) == []
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_failing_triggers_fail_their_task_and_its_callbacks_run(
+    client_app, store, start_worker, start_triggerer, tmp_path
+):
+    from celery_recovery import TriggerFailedError, TriggerTimeoutError
+    from tests.sweeps.helpers import sweep_until
+
+    start_worker(concurrency=2)
+    start_triggerer()
+    cases = {
+        "Explodes": (TriggerFailedError, "the trigger exploded"),
+        "Missing": (TriggerFailedError, "cannot import trigger module 'tests.apps.no_such_module'"),
+        "Never": (TriggerTimeoutError, "timed out"),
+    }
+    results = {
+        kind: client_app.tasks["lifecycle.wait_on"].delay(
+            str(tmp_path / kind), kind, timeout=2.0 if kind == "Never" else None
+        )
+        for kind in cases
+    }
+    for kind, (exc_type, text) in cases.items():
+        result = results[kind]
+        with pytest.raises(Exception) as raised:
+            result.get(timeout=30)
+        assert type(raised.value).__name__ == exc_type.__name__, kind
+        wait_for(lambda r=result: _state(store, r.id) == TaskState.FAILED, 10, what=kind)
+        [record] = store.tries(result.id)
+        assert text in record["error"], (kind, record["error"])
+    # The failure callbacks come from the outbox, delivered by the sweep.
+    sweep_until(
+        client_app,
+        lambda: all(
+            ledger_lines(tmp_path / kind)[-1:] and "on_failure" in ledger_lines(tmp_path / kind)[-1]
+            for kind in cases
+        ),
+        20,
+        "the on_failure callbacks",
+    )
+    for kind, (exc_type, _) in cases.items():
+        failures = [x for x in ledger_lines(tmp_path / kind) if x.startswith("on_failure")]
+        assert len(failures) == 1 and exc_type.__name__ in failures[0], (kind, failures)
+
+
+def test_bad_trigger_arguments_fail_at_defer_time_and_store_nothing(
+    client_app, store, start_worker, tmp_path
+):
+    start_worker(concurrency=1)
+    result = client_app.tasks["lifecycle.wait_on"].delay(str(tmp_path / "l"), "NotJson")
+    with pytest.raises(Exception, match="must be JSON"):
+        result.get(timeout=20)
+    assert store.list_triggers(result.id) == []
+    wait_for(lambda: _state(store, result.id) == TaskState.FAILED, 10, what="failed")
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_trigger_that_blocks_the_loop_is_reported(
+    client_app, store, start_worker, start_triggerer, tmp_path
+):
+    start_worker(concurrency=1)
+    triggerer = start_triggerer()
+    result = client_app.tasks["lifecycle.wait"].delay(str(tmp_path / "l"), 0.5, block=0.8)
+    result.get(timeout=30)
+    [trigger_name] = set(
+        re.findall(r"(trigger \d+ \(tests\.apps\.triggers\.Sleep\))", triggerer.log)
+    )
+    assert f"{trigger_name} of task {result.id} has blocked the triggerer's event loop" in (
+        triggerer.log
+    )
+    total = wait_for(
+        lambda: re.search(r"blocked the event loop for (\d+\.\d+)s in all", triggerer.log),
+        10,
+        what="the total blocked time",
+    )
+    assert 0.7 <= float(total.group(1)) < 3
