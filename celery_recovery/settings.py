@@ -70,6 +70,8 @@ class SettingSpec:
 
 
 def _duration(key: str, value: Any) -> float:
+    """Seconds: a positive, finite number (a numeric string in the environment) or a
+    ``timedelta``."""
     if isinstance(value, timedelta):
         result = value.total_seconds()
     elif isinstance(value, bool):
@@ -95,6 +97,7 @@ def _duration(key: str, value: Any) -> float:
 
 
 def _count(key: str, value: Any) -> int:
+    """Whole number: an integer >= 0 (a string of digits in the environment)."""
     if isinstance(value, bool):
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0")
     try:
@@ -133,6 +136,7 @@ def _module_prefixes(key: str, value: Any) -> tuple[str, ...] | None:
 
 
 def _preset(key: str, value: Any) -> str:
+    """Preset name: one of the presets in :data:`celery_recovery.beat_schedules.PRESETS`."""
     from .beat_schedules.presets import PRESETS
 
     if value not in PRESETS:
@@ -142,6 +146,9 @@ def _preset(key: str, value: Any) -> str:
 
 
 def _database_url(key: str, value: Any) -> str:
+    """Database URL: ``sqlite:///<file>`` (a file, not ``:memory:``) or
+    ``postgresql+psycopg://user:password@host/dbname`` (``postgresql://`` and
+    ``postgres://`` are pinned to psycopg 3)."""
     if not isinstance(value, str) or not value.strip():
         raise ConfigurationError(
             f"{key}={value!r} must be a database URL string, e.g. "
@@ -151,6 +158,8 @@ def _database_url(key: str, value: Any) -> str:
 
 
 def _redis_url(key: str, value: Any) -> str | None:
+    """Redis URL: ``redis://``, ``rediss://`` or ``unix://``; unset or empty means the
+    broker URL when the broker is Redis, else none."""
     if value is None or value == "":
         return None
     if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
@@ -166,34 +175,43 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "preset",
         DEFAULT_PRESET,
         _preset,
-        "Timing preset (default, kubernetes, aggressive) whose values are the defaults of "
-        "the duration settings below; explicit settings override it.",
+        "Timing preset whose values are the defaults of the timing settings (heartbeat "
+        "interval, thresholds, sweep interval, queued and adoption timeouts); a setting given "
+        "explicitly overrides its preset value. Beat's sweep schedule is set separately: pass "
+        "the same preset to `recovery_beat_schedule(preset)`.",
     ),
     SettingSpec(
         "database_url",
         DEFAULT_DATABASE_URL,
         _database_url,
-        "Metadata store. SQLite (embedded, one machine) or PostgreSQL "
-        "(`postgresql+psycopg://...`, for several hosts).",
+        "Metadata store for jobs, tries, failure callbacks and leases. The default SQLite "
+        "file (relative to the working directory; its tables are created automatically) "
+        "suits one machine. Use PostgreSQL when processes run on several hosts, and create "
+        "its tables with `celery-recovery db upgrade` before starting workers.",
     ),
     SettingSpec(
         "redis_url",
         None,
         _redis_url,
-        "Redis used for idempotency locks. Defaults to the broker URL when the broker is Redis.",
+        "Redis for `@recoverable` idempotency locks, fencing tokens and remembered results. "
+        "Defaults to the broker URL when the broker is Redis; with another broker, "
+        "`@recoverable` tasks need it set. Unused when no task is `@recoverable`.",
     ),
     SettingSpec(
         "heartbeat_interval",
         DEFAULT_HEARTBEAT_INTERVAL,
         _duration,
-        "How often each worker process, beat and triggerer refreshes its job heartbeat.",
+        "How often each worker process, beat and triggerer refreshes its job heartbeat "
+        "(one row write per process per interval, whatever the number of tasks).",
         "s",
     ),
     SettingSpec(
         "zombie_threshold",
         DEFAULT_ZOMBIE_THRESHOLD,
         _duration,
-        "Heartbeat age that makes a running task a zombie. At least "
+        "Heartbeat age after which a worker process counts as dead and its running tries "
+        "as zombies, to be retried or failed. Lower reacts faster to a killed worker; higher "
+        "tolerates longer pauses (GC, swapping, a slow store) without false alarms. At least "
         f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals.",
         "s",
     ),
@@ -201,7 +219,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "health_check_threshold",
         DEFAULT_HEALTH_CHECK_THRESHOLD,
         _duration,
-        "Heartbeat age that makes a beat or triggerer dead. At least "
+        "Heartbeat age after which a beat or triggerer counts as dead: its job is marked "
+        "failed and a warning is logged. At least "
         f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals.",
         "s",
     ),
@@ -209,35 +228,45 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "sweep_interval",
         DEFAULT_SWEEP_INTERVAL,
         _duration,
-        "How often beat runs the recovery sweeps. At most the zombie threshold.",
+        "How often `celery-recovery sweep --loop` and the workers' fallback sweep run; when "
+        "no sweep has finished for 3 intervals, live workers sweep themselves. Beat's schedule "
+        "does not read it: give `recovery_beat_schedule(preset, sweep_interval)` the same "
+        "value. At most the zombie threshold.",
         "s",
     ),
     SettingSpec(
         "queued_timeout",
         DEFAULT_QUEUED_TIMEOUT,
         _duration,
-        "Age at which a queued task that no worker has started counts as lost.",
+        "Age at which a queued try that no worker has started counts as lost (counted from "
+        "its ETA when it has one) and is published again. Keep it above the longest "
+        "time a task may wait in a queue. A delivery published longer ago than half of it "
+        "is checked against the store before it runs (stale-delivery check).",
         "s",
     ),
     SettingSpec(
         "adoption_timeout",
         DEFAULT_ADOPTION_TIMEOUT,
         _duration,
-        "How long a zombie adopted by a live worker (the backend says STARTED there) may go "
-        "without that worker's own claim before it is reset.",
+        "How long a zombie adopted by a live worker (the result backend says STARTED there) "
+        "may go without that worker's own claim before it is reset.",
         "s",
     ),
     SettingSpec(
         "max_republish",
         DEFAULT_MAX_REPUBLISH,
         _count,
-        "Times a lost message is published again before its task is failed as lost.",
+        "Times a lost message is published again before its task is failed as lost "
+        "(0: fail it at once). Retries after a dead worker are bounded by the task's "
+        "`max_retries` instead.",
     ),
     SettingSpec(
         "callback_timeout",
         DEFAULT_CALLBACK_TIMEOUT,
         _duration,
-        "How long one failure callback or listener may run before the sweep moves on.",
+        "How long one failure callback (`on_failure`, `on_retry`, the `task_failure` signal "
+        "or a failure listener) may run before the sweep moves on; it is left running in its "
+        "thread. The claim on a callback row lasts 4 times this plus 10 s.",
         "s",
     ),
     SettingSpec(
