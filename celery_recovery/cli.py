@@ -212,6 +212,10 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+# The operator commands register themselves on the group and ``db`` defined above.
+from . import cli_inspect, cli_jobs  # noqa: E402, F401
+
+
 def main() -> None:
     """Entry point of the ``celery-recovery`` console script."""
     recovery(prog_name="celery-recovery")

@@ -25,6 +25,7 @@ from ..errors import StoreError, StoreSchemaError, StoreUnavailableError
 from ..states import JobState, TaskState
 from ..urls import mask_secrets, mask_url
 from .engine import create_store_engine
+from .inspect_ops import InspectOperations
 from .migrate import ensure_schema
 from .schema import jobs, task_records
 from .sweep_ops import SweepOperations
@@ -86,7 +87,7 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store(SweepOperations):
+class Store(SweepOperations, InspectOperations):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:
