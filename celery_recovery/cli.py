@@ -88,7 +88,7 @@ def recovery(ctx: click.Context, app_spec: str | None, database_url: str | None)
 
 @recovery.group()
 def db() -> None:
-    """Manage the metadata store's schema.
+    """Manage the metadata store: its schema and the retention of history.
 
     \b
     Example:
@@ -213,7 +213,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 # The operator commands register themselves on the group and ``db`` defined above.
-from . import cli_inspect, cli_jobs  # noqa: E402, F401
+from . import cli_clean, cli_inspect, cli_jobs  # noqa: E402, F401
 
 
 def main() -> None:
