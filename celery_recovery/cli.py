@@ -222,4 +222,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Under ``python -m`` this file is ``__main__``; the command modules registered on
+    # the group of the importable ``celery_recovery.cli``, so run that one.
+    from celery_recovery.cli import main as _main
+
+    _main()

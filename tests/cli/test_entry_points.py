@@ -56,3 +56,14 @@ def test_inspect_jobs_through_celery_with_the_apps_store(store):
     assert done.returncode == 0, done.stderr
     alive = {row["id"]: row["alive"] for row in json.loads(done.stdout)}
     assert alive == {live: True, dead: False}
+
+
+def test_python_dash_m_runs_the_operator_commands_too():
+    done = subprocess.run(
+        [sys.executable, "-m", "celery_recovery.cli", "jobs", "check", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "--job-type" in done.stdout, done.stderr
