@@ -14,7 +14,7 @@ import click
 
 from .cli import CLIError, _settings, recovery
 from .cli_output import Column, age_seconds, emit, seconds_text, yes_no
-from .cli_support import store_of
+from .cli_support import dead_after, store_of
 from .settings import RecoverySettings
 from .states import JobState, JobType, TaskState
 from .timeutils import utcnow
@@ -37,13 +37,6 @@ def inspect() -> None:
       celery-recovery --app proj.celery:app inspect zombies
       celery -A proj recovery inspect jobs --json | jq '.[] | select(.alive == false)'
     """
-
-
-def _threshold_for(job_type: str, settings: RecoverySettings) -> float:
-    """Heartbeat age that makes a job of this type dead (the sweeps use the same)."""
-    if job_type == JobType.WORKER.value:
-        return settings.zombie_threshold
-    return settings.health_check_threshold
 
 
 @inspect.command("zombies")
@@ -232,7 +225,7 @@ def _job_row(job: dict[str, Any], now: datetime, settings: RecoverySettings) -> 
     alive = (
         job["state"] == JobState.RUNNING.value
         and age is not None
-        and age <= _threshold_for(job["job_type"], settings)
+        and age <= dead_after(job["job_type"], settings)
     )
     return {
         "id": job["id"],

@@ -15,7 +15,7 @@ import click
 
 from .cli import recovery
 from .cli_output import age_seconds
-from .cli_support import store_of
+from .cli_support import dead_after, store_of
 from .states import JobType
 from .timeutils import utcnow
 
@@ -74,11 +74,7 @@ def check(
     now = utcnow()
     with store_of(ctx) as (store, settings):
         if threshold is None:
-            threshold = (
-                settings.zombie_threshold
-                if job_type == JobType.WORKER.value
-                else settings.health_check_threshold
-            )
+            threshold = dead_after(job_type, settings)
         job = store.freshest_job(job_type, host)
     where = f" on {host}" if host else ""
     if job is None:

@@ -14,6 +14,7 @@ import click
 from .cli import CLIError, _settings
 from .errors import RecoveryError
 from .settings import RecoverySettings
+from .states import JobType
 from .store import Store
 from .urls import mask_secrets
 
@@ -32,3 +33,10 @@ def store_of(ctx: click.Context) -> Iterator[tuple[Store, RecoverySettings]]:
         raise CLIError(mask_secrets(str(exc))) from None
     finally:
         store.dispose()
+
+
+def dead_after(job_type: str, settings: RecoverySettings) -> float:
+    """Heartbeat age, in seconds, that makes a job of this type dead (as the sweeps judge)."""
+    if job_type == JobType.WORKER.value:
+        return settings.zombie_threshold
+    return settings.health_check_threshold

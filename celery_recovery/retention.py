@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -116,7 +116,6 @@ def clean(
     tables: Sequence[str] = RETENTION_TABLES,
     batch_size: int = DEFAULT_BATCH_SIZE,
     now: datetime | None = None,
-    on_batch: Callable[[str, int], None] | None = None,
 ) -> CleanReport:
     """Delete expired rows of ``tables`` in batches of ``batch_size`` until none are left.
 
@@ -138,8 +137,6 @@ def clean(
                 break
             report.batches += 1
             report.deleted[name] += deleted
-            if on_batch is not None:
-                on_batch(name, deleted)
     report.duration = time.perf_counter() - started
     return report
 
