@@ -88,7 +88,7 @@ def recovery(ctx: click.Context, app_spec: str | None, database_url: str | None)
 
 @recovery.group()
 def db() -> None:
-    """Manage the metadata store's schema.
+    """Manage the metadata store: its schema and the retention of history.
 
     \b
     Example:
@@ -271,10 +271,18 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+# The operator commands register themselves on the group and ``db`` defined above.
+from . import cli_clean, cli_inspect, cli_jobs  # noqa: E402, F401
+
+
 def main() -> None:
     """Entry point of the ``celery-recovery`` console script."""
     recovery(prog_name="celery-recovery")
 
 
 if __name__ == "__main__":
-    main()
+    # Under ``python -m`` this file is ``__main__``; the command modules registered on
+    # the group of the importable ``celery_recovery.cli``, so run that one.
+    from celery_recovery.cli import main as _main
+
+    _main()

@@ -66,6 +66,7 @@ class Recovery:
         self.failure_listeners: list[Callable[..., Any]] = []
         from . import signals
         from .execution import install_stale_delivery_guard
+        from .retention import register_clean_task
         from .sweeps.tasks import register_sweep_task
 
         with _install_lock:
@@ -73,6 +74,7 @@ class Recovery:
             _installed.append(self)
             signals.connect()
         register_sweep_task(self)
+        register_clean_task(self)
         install_stale_delivery_guard(self)
         logger.debug("celery-recovery installed on app %r, store %s", app.main, self.store)
 

@@ -25,7 +25,9 @@ from ..errors import StoreError, StoreSchemaError, StoreUnavailableError
 from ..states import JobState, TaskState
 from ..urls import mask_secrets, mask_url
 from .engine import create_store_engine
+from .inspect_ops import InspectOperations
 from .migrate import ensure_schema
+from .retention_ops import RetentionOperations
 from .schema import jobs, task_records
 from .sweep_ops import SweepOperations
 from .trigger_ops import TriggerOperations
@@ -87,7 +89,7 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store(SweepOperations, TriggerOperations):
+class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOperations):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:

@@ -1,0 +1,87 @@
+"""``celery-recovery db clean``: delete finished history older than a cutoff, in batches."""
+
+from __future__ import annotations
+
+import click
+
+from .cli import db
+from .cli_support import store_of
+from .errors import ConfigurationError
+from .retention import DEFAULT_BATCH_SIZE, check_tables, clean, count_expired, parse_cutoff
+from .store.retention_ops import RETENTION_TABLES
+from .timeutils import utcnow
+
+
+@db.command("clean")
+@click.option(
+    "--before",
+    required=True,
+    metavar="TIME|AGE",
+    help="Delete history older than this: an ISO 8601 timestamp (UTC unless it says "
+    "otherwise) or an age such as 30d, 12h, 90m.",
+)
+@click.option(
+    "--table",
+    "tables",
+    multiple=True,
+    type=click.Choice(RETENTION_TABLES),
+    help="Only this table (repeatable). Default: all of them.",
+)
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--batch-size",
+    default=DEFAULT_BATCH_SIZE,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Rows deleted per transaction.",
+)
+@click.pass_context
+def db_clean(
+    ctx: click.Context,
+    before: str,
+    tables: tuple[str, ...],
+    dry_run: bool,
+    yes: bool,
+    batch_size: int,
+) -> None:
+    """Delete finished jobs, tries, triggers and stale callbacks older than --before.
+
+    Never deletes a running job, a queued, running or deferred try, or the
+    trigger of one.  Deletes in batches, each its own short transaction (on
+    PostgreSQL skipping rows another transaction holds), so sweeps and workers
+    never wait on it for more than one batch.  Asks for confirmation unless
+    --yes.
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app db clean --before 30d --dry-run
+      celery-recovery db clean --before 2024-05-01T00:00:00Z --table task_records --yes
+    """
+    now = utcnow()
+    try:
+        cutoff = parse_cutoff(before, now)
+        chosen = check_tables(tables)
+    except ConfigurationError as exc:
+        raise click.BadParameter(
+            str(exc).removeprefix("--before="), param_hint="--before"
+        ) from None
+    with store_of(ctx) as (store, settings):
+        counts = count_expired(store, cutoff, chosen, now)
+        total = sum(counts.values())
+        summary = ", ".join(f"{name} {count}" for name, count in counts.items())
+        click.echo(
+            f"{settings.masked_database_url}: rows older than {cutoff.isoformat()}: {summary}"
+        )
+        if dry_run or total == 0:
+            click.echo("dry run: nothing deleted" if dry_run else "nothing to delete")
+            return
+        if not yes and not click.confirm(f"Delete these {total} rows?", default=False):
+            click.echo("aborted: nothing deleted")
+            ctx.exit(1)
+        report = clean(store, cutoff, chosen, batch_size, now)
+    deleted = ", ".join(f"{name} {count}" for name, count in report.deleted.items())
+    click.echo(
+        f"deleted: {deleted} ({report.batches} batches in {report.duration:.1f}s, "
+        f"longest batch {report.longest_batch:.2f}s)"
+    )

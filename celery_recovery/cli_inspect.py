@@ -1,0 +1,341 @@
+"""``celery-recovery inspect ...``: what the store knows, as tables or JSON.
+
+Each view answers one operator question; the rows are built here from store
+rows (never the raw records, which hold task arguments) so the table and the
+JSON show the same facts.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import click
+
+from .cli import CLIError, _settings, recovery
+from .cli_output import Column, age_seconds, emit, seconds_text, yes_no
+from .cli_support import dead_after, store_of
+from .settings import RecoverySettings
+from .states import JobState, JobType, TaskState
+from .timeutils import utcnow
+from .urls import mask_url
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table."
+)
+limit_option = click.option(
+    "--limit", default=500, show_default=True, type=click.IntRange(min=1), help="Rows at most."
+)
+
+
+@recovery.group()
+def inspect() -> None:
+    """Show zombies, orphaned triggers, deferred tasks, jobs, tries and held locks.
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect zombies
+      celery -A proj recovery inspect jobs --json | jq '.[] | select(.alive == false)'
+    """
+
+
+@inspect.command("zombies")
+@json_option
+@limit_option
+@click.pass_context
+def zombies(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Running tries whose worker stopped heartbeating (older than recovery_zombie_threshold).
+
+    These are what the next sweep will probe, then retry or fail.
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect zombies
+    """
+    now = utcnow()
+    with store_of(ctx) as (store, settings):
+        found = store.find_zombies(now, settings.zombie_threshold, limit)
+    rows = [
+        {
+            "task_id": r["task_id"],
+            "try_number": r["try_number"],
+            "task_name": r["task_name"],
+            "queue": r["queue"],
+            "worker_host": r["job_hostname"] or r["worker_hostname"],
+            "worker_pid": r["job_pid"] or r["worker_pid"],
+            "job_id": r["job_id"],
+            "job_state": r["job_state"],
+            "heartbeat_age": age_seconds(now, r["job_heartbeat"]),
+            "started_at": r["started_at"],
+        }
+        for r in found
+    ]
+    columns = [
+        Column("TASK ID", "task_id"),
+        Column("TRY", "try_number"),
+        Column("TASK", "task_name"),
+        Column("WORKER HOST", "worker_host"),
+        Column("PID", "worker_pid"),
+        Column("HEARTBEAT AGE", "heartbeat_age", seconds_text),
+        Column("STARTED", "started_at"),
+    ]
+    emit(rows, columns, as_json, "no zombies: every running try has a live worker")
+
+
+@inspect.command("orphans")
+@json_option
+@limit_option
+@click.pass_context
+def orphans(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Triggers that no live triggerer runs (unassigned, or their triggerer is dead).
+
+    A triggerer is live while its job is running and its heartbeat is younger
+    than recovery_health_check_threshold.  Queues whose waiting triggers are
+    held by no live triggerer at all are flagged.
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect orphans
+    """
+    now = utcnow()
+    with store_of(ctx) as (store, settings):
+        threshold = settings.health_check_threshold
+        found = store.orphan_triggers(now, threshold, limit)
+        served = store.queues_served(now, threshold)
+        live_triggerers = store.live_jobs(now, threshold, JobType.TRIGGERER)
+    rows = [
+        {
+            "trigger_id": r["id"],
+            "classpath": r["classpath"],
+            "task_id": r["task_id"],
+            "try_number": r["try_number"],
+            "queue": r["queue"],
+            "timeout_at": r["timeout_at"],
+            "created_at": r["created_at"],
+            "triggerer_id": r["triggerer_id"],
+            "triggerer_state": r["triggerer_state"],
+            "triggerer_heartbeat_age": age_seconds(now, r["triggerer_heartbeat"]),
+            "queue_without_live_triggerer": r["queue"] not in served,
+        }
+        for r in found
+    ]
+    columns = [
+        Column("TRIGGER", "trigger_id"),
+        Column("TASK ID", "task_id"),
+        Column("TRY", "try_number"),
+        Column("QUEUE", "queue"),
+        Column("CLASS", "classpath"),
+        Column("TRIGGERER", "triggerer_id", lambda v: v or "(unassigned)"),
+        Column("TRIGGERER STATE", "triggerer_state"),
+        Column("HEARTBEAT AGE", "triggerer_heartbeat_age", seconds_text),
+        Column("CREATED", "created_at"),
+    ]
+    emit(rows, columns, as_json, "no orphaned triggers")
+    if as_json:
+        return
+    unserved = sorted({r["queue"] or "(none)" for r in rows if r["queue_without_live_triggerer"]})
+    note = "no live triggerer holds any of them" if live_triggerers else "no triggerer is live"
+    for queue in unserved:
+        click.echo(click.style(f"queue {queue}: triggers waiting, {note}", fg="red"))
+
+
+@inspect.command("deferred")
+@json_option
+@limit_option
+@click.pass_context
+def deferred(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Deferred tries with their trigger, queue and triggerer (and whether it is live).
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect deferred --json
+    """
+    now = utcnow()
+    with store_of(ctx) as (store, settings):
+        found = store.deferred_tries(now, settings.health_check_threshold, limit)
+    rows = [
+        {
+            "task_id": r["task_id"],
+            "try_number": r["try_number"],
+            "task_name": r["task_name"],
+            "queue": r["trigger_queue"] or r["task_queue"],
+            "trigger_id": r["trigger_id"],
+            "classpath": r["classpath"],
+            "timeout_at": r["timeout_at"],
+            "triggerer_id": r["triggerer_id"],
+            "triggerer_alive": r["triggerer_alive"],
+            "deferred_at": r["deferred_at"],
+        }
+        for r in found
+    ]
+    columns = [
+        Column("TASK ID", "task_id"),
+        Column("TRY", "try_number"),
+        Column("TASK", "task_name"),
+        Column("QUEUE", "queue"),
+        Column("TRIGGER", "trigger_id"),
+        Column("CLASS", "classpath"),
+        Column("TRIGGERER", "triggerer_id", lambda v: v or "(unassigned)"),
+        Column("LIVE", "triggerer_alive", yes_no, coloured=True),
+        Column("TIMEOUT", "timeout_at"),
+    ]
+    emit(rows, columns, as_json, "no deferred tries")
+
+
+@inspect.command("jobs")
+@click.option(
+    "--job-type", type=click.Choice([t.value for t in JobType]), help="Only jobs of this type."
+)
+@click.option("--all", "include_ended", is_flag=True, help="Also jobs that have ended.")
+@json_option
+@limit_option
+@click.pass_context
+def jobs_view(
+    ctx: click.Context, job_type: str | None, include_ended: bool, as_json: bool, limit: int
+) -> None:
+    """Workers, beats and triggerers: state, host, pid, heartbeat age and whether alive.
+
+    Alive means running with a heartbeat younger than recovery_zombie_threshold
+    (workers) or recovery_health_check_threshold (beat, triggerer).
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect jobs --job-type worker
+    """
+    now = utcnow()
+    with store_of(ctx) as (store, settings):
+        found = store.jobs_overview(job_type, include_ended, limit)
+    rows = [_job_row(job, now, settings) for job in found]
+    columns = [
+        Column("JOB ID", "id"),
+        Column("TYPE", "job_type"),
+        Column("STATE", "state", coloured=True),
+        Column("HOST", "hostname"),
+        Column("NODE", "node_name"),
+        Column("PID", "pid"),
+        Column("HEARTBEAT AGE", "heartbeat_age", seconds_text),
+        Column("ALIVE", "alive", yes_no, coloured=True),
+        Column("STARTED", "start_date"),
+    ]
+    emit(rows, columns, as_json, "no jobs" if include_ended else "no running jobs (try --all)")
+
+
+def _job_row(job: dict[str, Any], now: datetime, settings: RecoverySettings) -> dict[str, Any]:
+    age = age_seconds(now, job["latest_heartbeat"])
+    alive = (
+        job["state"] == JobState.RUNNING.value
+        and age is not None
+        and age <= dead_after(job["job_type"], settings)
+    )
+    return {
+        "id": job["id"],
+        "job_type": job["job_type"],
+        "state": job["state"],
+        "hostname": job["hostname"],
+        "node_name": job["node_name"],
+        "pid": job["pid"],
+        "start_date": job["start_date"],
+        "end_date": job["end_date"],
+        "latest_heartbeat": job["latest_heartbeat"],
+        "heartbeat_age": age,
+        "alive": alive,
+    }
+
+
+@inspect.command("tasks")
+@click.option(
+    "--state", type=click.Choice([s.value for s in TaskState]), help="Only tries in this state."
+)
+@click.option("--task-name", metavar="NAME", help="Only tries of this task name.")
+@click.option(
+    "--limit", default=50, show_default=True, type=click.IntRange(min=1), help="Rows at most."
+)
+@json_option
+@click.pass_context
+def tasks(
+    ctx: click.Context, state: str | None, task_name: str | None, limit: int, as_json: bool
+) -> None:
+    """Task tries, most recently changed first, filtered by state and task name.
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect tasks --state failed --task-name shop.charge
+    """
+    with store_of(ctx) as (store, _settings):
+        found = store.list_tries(state=state, task_name=task_name, limit=limit)
+    rows = [
+        {
+            key: r[key]
+            for key in (
+                "task_id",
+                "try_number",
+                "task_name",
+                "state",
+                "queue",
+                "worker_hostname",
+                "worker_pid",
+                "job_id",
+                "queued_at",
+                "started_at",
+                "ended_at",
+                "updated_at",
+                "state_reason",
+                "error",
+            )
+        }
+        for r in found
+    ]
+    columns = [
+        Column("TASK ID", "task_id"),
+        Column("TRY", "try_number"),
+        Column("TASK", "task_name"),
+        Column("STATE", "state", coloured=True),
+        Column("QUEUE", "queue"),
+        Column("WORKER HOST", "worker_hostname"),
+        Column("UPDATED", "updated_at"),
+        Column("REASON", "state_reason", lambda v: _clip(v or "-", 60)),
+    ]
+    emit(rows, columns, as_json, "no tries match")
+
+
+@inspect.command("locks")
+@json_option
+@limit_option
+@click.pass_context
+def locks(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Idempotency keys held in Redis now: holder, fencing token and lease left.
+
+    Reads recovery_redis_url (default: the app's broker when it is Redis).
+
+    \b
+    Example:
+      CELERY_RECOVERY_REDIS_URL=redis://redis:6379/0 celery-recovery inspect locks
+    """
+    import redis
+
+    from .locks.inspect import held_locks
+
+    settings = _settings(ctx)
+    if not settings.redis_url:
+        raise CLIError(
+            "no Redis to inspect: set recovery_redis_url (or CELERY_RECOVERY_REDIS_URL), "
+            "or pass --app whose broker is Redis"
+        )
+    now = utcnow()
+    try:
+        rows = held_locks(settings.redis_url, now, limit)
+    except redis.RedisError as exc:
+        raise CLIError(f"cannot read locks from {mask_url(settings.redis_url)}: {exc}") from None
+    columns = [
+        Column("KEY", "key"),
+        Column("HOLDER", "holder"),
+        Column("TOKEN", "token"),
+        Column("LEASE LEFT", "ttl", seconds_text),
+        Column("EXPIRES", "expires_at"),
+    ]
+    emit(rows, columns, as_json, "no idempotency locks held")
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

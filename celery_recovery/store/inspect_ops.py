@@ -1,0 +1,149 @@
+"""Read-only store queries behind ``celery-recovery inspect`` and ``jobs check``.
+
+Mixed into :class:`~celery_recovery.store.Store`.  Each method is one short
+read transaction and returns plain dicts; judging liveness (heartbeat age
+against a threshold) is done with the ``now`` the caller passes, so the
+answers are testable without waiting.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.engine import Connection
+
+from ..states import JobState, JobType, TaskState
+from .schema import jobs, task_records, triggers
+
+#: The trigger columns an operator sees (the triggerer issue may add more; these are stable).
+TRIGGER_COLUMNS = (
+    triggers.c.id,
+    triggers.c.classpath,
+    triggers.c.task_id,
+    triggers.c.try_number,
+    triggers.c.queue,
+    triggers.c.timeout_at,
+    triggers.c.triggerer_id,
+    triggers.c.created_at,
+)
+
+
+def _live_triggerer(now: datetime, threshold: float) -> Any:
+    """SQL condition: the joined ``jobs`` row is a running triggerer with a fresh heartbeat."""
+    return and_(
+        jobs.c.job_type == JobType.TRIGGERER.value,
+        jobs.c.state == JobState.RUNNING.value,
+        jobs.c.latest_heartbeat >= now - timedelta(seconds=threshold),
+    )
+
+
+class InspectOperations:
+    """Store methods that answer an operator's questions; they never write."""
+
+    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
+        raise NotImplementedError
+
+    def orphan_triggers(self, now: datetime, threshold: float, limit: int = 500) -> list[dict]:
+        """Triggers no live triggerer runs: unassigned, or held by a job that is missing,
+        not running, or whose heartbeat is older than ``threshold`` seconds.
+
+        Each row carries the holder's ``triggerer_state`` and ``triggerer_heartbeat``
+        (None when there is no such job).
+        """
+        stmt = (
+            select(
+                *TRIGGER_COLUMNS,
+                jobs.c.state.label("triggerer_state"),
+                jobs.c.latest_heartbeat.label("triggerer_heartbeat"),
+            )
+            .select_from(triggers.outerjoin(jobs, jobs.c.id == triggers.c.triggerer_id))
+            .where(
+                or_(
+                    triggers.c.triggerer_id.is_(None),
+                    jobs.c.id.is_(None),
+                    ~_live_triggerer(now, threshold),
+                )
+            )
+            .order_by(triggers.c.created_at, triggers.c.id)
+            .limit(limit)
+        )
+        with self.transaction() as conn:
+            return [dict(row) for row in conn.execute(stmt).mappings()]
+
+    def queues_served(self, now: datetime, threshold: float) -> set[str | None]:
+        """Queues with at least one trigger held by a live triggerer."""
+        stmt = (
+            select(triggers.c.queue)
+            .distinct()
+            .select_from(triggers.join(jobs, jobs.c.id == triggers.c.triggerer_id))
+            .where(_live_triggerer(now, threshold))
+        )
+        with self.transaction() as conn:
+            return set(conn.execute(stmt).scalars())
+
+    def deferred_tries(self, now: datetime, threshold: float, limit: int = 500) -> list[dict]:
+        """Tries in ``deferred`` with their trigger (if any) and whether its triggerer is live."""
+        live = _live_triggerer(now, threshold)
+        stmt = (
+            select(
+                task_records.c.task_id,
+                task_records.c.try_number,
+                task_records.c.task_name,
+                task_records.c.queue.label("task_queue"),
+                task_records.c.updated_at.label("deferred_at"),
+                triggers.c.id.label("trigger_id"),
+                triggers.c.classpath,
+                triggers.c.queue.label("trigger_queue"),
+                triggers.c.timeout_at,
+                triggers.c.triggerer_id,
+                # No trigger or no job row must read as not live, not as NULL.
+                and_(jobs.c.id.is_not(None), live).label("triggerer_alive"),
+            )
+            .select_from(
+                task_records.outerjoin(
+                    triggers,
+                    and_(
+                        triggers.c.task_id == task_records.c.task_id,
+                        triggers.c.try_number == task_records.c.try_number,
+                    ),
+                ).outerjoin(jobs, jobs.c.id == triggers.c.triggerer_id)
+            )
+            .where(task_records.c.state == TaskState.DEFERRED.value)
+            .order_by(task_records.c.updated_at)
+            .limit(limit)
+        )
+        with self.transaction() as conn:
+            rows = [dict(row) for row in conn.execute(stmt).mappings()]
+        for row in rows:
+            row["triggerer_alive"] = bool(row["triggerer_alive"])
+        return rows
+
+    def jobs_overview(
+        self, job_type: str | None = None, include_ended: bool = False, limit: int = 500
+    ) -> list[dict]:
+        """Jobs, running ones first, newest heartbeat first within each group."""
+        stmt = select(jobs)
+        if job_type is not None:
+            stmt = stmt.where(jobs.c.job_type == job_type)
+        if not include_ended:
+            stmt = stmt.where(jobs.c.state == JobState.RUNNING.value)
+        running_first = (jobs.c.state == JobState.RUNNING.value).desc()
+        stmt = stmt.order_by(running_first, jobs.c.latest_heartbeat.desc()).limit(limit)
+        with self.transaction() as conn:
+            return [dict(row) for row in conn.execute(stmt).mappings()]
+
+    def freshest_job(self, job_type: str, hostname: str | None = None) -> dict | None:
+        """The running job of ``job_type`` (on ``hostname``, matched against the host
+        name or the Celery node name) with the newest heartbeat, or None."""
+        stmt = select(jobs).where(
+            jobs.c.job_type == job_type, jobs.c.state == JobState.RUNNING.value
+        )
+        if hostname is not None:
+            stmt = stmt.where(or_(jobs.c.hostname == hostname, jobs.c.node_name == hostname))
+        stmt = stmt.order_by(jobs.c.latest_heartbeat.desc()).limit(1)
+        with self.transaction() as conn:
+            row = conn.execute(stmt).mappings().first()
+        return dict(row) if row else None

@@ -1,0 +1,84 @@
+"""Retention: count and delete finished history older than a cutoff, in batches.
+
+Mixed into :class:`~celery_recovery.store.Store`.  A batch is one short
+transaction that picks at most ``limit`` keys and deletes them.  On
+PostgreSQL the pick is ``FOR UPDATE SKIP LOCKED``, so a batch never waits on
+a row a sweep or worker holds (that row is simply left for a later run), and
+the conditions are re-checked on the locked row, so a row that changed since
+is not deleted.  Nothing active is ever selected: running jobs, and tries
+that are queued, running or deferred (or triggers and jobs they still need).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Table, delete, exists, func, or_, select, tuple_
+from sqlalchemy.engine import Connection
+
+from ..states import FINISHED_TASK_STATES, JobState, TaskState
+from .schema import callbacks, jobs, task_records, triggers
+
+#: Tables ``db clean`` may purge, in the order it purges them.
+RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs")
+
+#: Try states that are still in flight and so never deleted.
+ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
+
+
+def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[Any, ...], Any]:
+    """(table, primary key columns, condition) of rows of ``name`` that may go."""
+    if name == "task_records":
+        where = (
+            task_records.c.state.in_(sorted(s.value for s in FINISHED_TASK_STATES)),
+            task_records.c.ended_at < cutoff,
+        )
+        return task_records, (task_records.c.task_id, task_records.c.try_number), where
+    if name == "jobs":
+        still_needed = exists().where(
+            task_records.c.job_id == jobs.c.id,
+            task_records.c.state == TaskState.RUNNING.value,
+        )
+        where = (jobs.c.state != JobState.RUNNING.value, jobs.c.end_date < cutoff, ~still_needed)
+        return jobs, (jobs.c.id,), where
+    if name == "triggers":
+        try_active = exists().where(
+            task_records.c.task_id == triggers.c.task_id,
+            task_records.c.try_number == triggers.c.try_number,
+            task_records.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
+        )
+        return triggers, (triggers.c.id,), (triggers.c.created_at < cutoff, ~try_active)
+    if name == "callbacks":
+        # Delivered rows are deleted on delivery; what is left this old is stale.
+        # A row a sweep is delivering right now (claim not expired) is left alone.
+        unclaimed = or_(callbacks.c.claimed_until.is_(None), callbacks.c.claimed_until < now)
+        return callbacks, (callbacks.c.id,), (callbacks.c.created_at < cutoff, unclaimed)
+    raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
+
+
+class RetentionOperations:
+    """Store methods used by ``db clean`` and the ``celery_recovery.db_clean`` task."""
+
+    dialect: str
+
+    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
+        raise NotImplementedError
+
+    def count_expired(self, name: str, cutoff: datetime, now: datetime) -> int:
+        """How many rows of table ``name`` a clean with this cutoff would delete now."""
+        table, _keys, where = _expired(name, cutoff, now)
+        with self.transaction() as conn:
+            return int(conn.execute(select(func.count()).select_from(table).where(*where)).scalar())
+
+    def delete_expired_batch(self, name: str, cutoff: datetime, now: datetime, limit: int) -> int:
+        """Delete at most ``limit`` expired rows of ``name`` in one transaction; how many went."""
+        table, keys, where = _expired(name, cutoff, now)
+        picked = select(*keys).where(*where).limit(limit)
+        if self.dialect == "postgresql":
+            picked = picked.with_for_update(skip_locked=True, of=table)
+        key = keys[0] if len(keys) == 1 else tuple_(*keys)
+        stmt = delete(table).where(key.in_(picked))
+        with self.transaction() as conn:
+            return max(conn.execute(stmt).rowcount, 0)

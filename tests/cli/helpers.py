@@ -1,0 +1,116 @@
+"""Rows for the CLI tests, written through the Store, and a way to run the command."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from click.testing import CliRunner, Result
+
+from celery_recovery.cli import recovery
+from celery_recovery.store import Store
+from celery_recovery.store.schema import triggers
+from celery_recovery.timeutils import utcnow
+
+
+def run(url: str, *args: str, input: str | None = None, color: bool = False) -> Result:
+    """``celery-recovery --database-url URL ARGS`` through click's runner."""
+    return CliRunner().invoke(
+        recovery, ["--database-url", url, *args], input=input, color=color, catch_exceptions=False
+    )
+
+
+def run_json(url: str, *args: str) -> list[dict[str, Any]]:
+    result = run(url, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def add_job(
+    store: Store,
+    job_type: str = "worker",
+    heartbeat_age: float = 0.0,
+    state: str = "running",
+    hostname: str = "host-a",
+    ended_age: float | None = None,
+    now: datetime | None = None,
+) -> str:
+    now = now or utcnow()
+    job_id = uuid.uuid4().hex
+    store.add_job(
+        {
+            "id": job_id,
+            "job_type": job_type,
+            "hostname": hostname,
+            "node_name": f"celery@{hostname}",
+            "pid": 4242,
+            "state": state,
+            "start_date": now - timedelta(seconds=heartbeat_age + 60),
+            "end_date": None if ended_age is None else now - timedelta(seconds=ended_age),
+            "latest_heartbeat": now - timedelta(seconds=heartbeat_age),
+        }
+    )
+    return job_id
+
+
+def add_try(
+    store: Store,
+    state: str,
+    job_id: str | None = None,
+    ended_age: float | None = None,
+    task_name: str = "shop.charge",
+    task_id: str | None = None,
+    try_number: int = 1,
+    now: datetime | None = None,
+) -> str:
+    now = now or utcnow()
+    task_id = task_id or uuid.uuid4().hex
+    store.record_queued(
+        [
+            {
+                "task_id": task_id,
+                "try_number": try_number,
+                "task_name": task_name,
+                "state": state,
+                "queue": "orders",
+                "args": [1],
+                "kwargs": {},
+                "job_id": job_id,
+                "queued_at": now - timedelta(hours=1),
+                "started_at": now - timedelta(minutes=30) if job_id else None,
+                "ended_at": None if ended_age is None else now - timedelta(seconds=ended_age),
+                "updated_at": now,
+            }
+        ]
+    )
+    return task_id
+
+
+def add_trigger(
+    store: Store,
+    task_id: str,
+    triggerer_id: str | None,
+    queue: str = "triggers",
+    created_age: float = 60.0,
+    try_number: int = 1,
+) -> int:
+    now = utcnow()
+    with store.transaction() as conn:
+        return int(
+            conn.execute(
+                triggers.insert()
+                .values(
+                    classpath="shop.triggers.WaitForPayment",
+                    kwargs={"order": 7},
+                    task_id=task_id,
+                    try_number=try_number,
+                    queue=queue,
+                    timeout_at=now + timedelta(hours=1),
+                    triggerer_id=triggerer_id,
+                    created_at=now - timedelta(seconds=created_age),
+                )
+                .returning(triggers.c.id)
+            ).scalar_one()
+        )
