@@ -42,6 +42,8 @@ DEFAULT_MAX_REPUBLISH = 3
 DEFAULT_CALLBACK_TIMEOUT = 30.0
 #: Timing preset whose values are the defaults of the timing settings.
 DEFAULT_PRESET = "default"
+#: Port on which sweep and triggerer processes serve Prometheus metrics; None serves nothing.
+DEFAULT_METRICS_PORT: int | None = None
 
 #: A zombie threshold must cover at least this many heartbeat intervals, or one
 #: late heartbeat (a GC pause, a slow commit) would declare a live worker dead.
@@ -102,6 +104,21 @@ def _count(key: str, value: Any) -> int:
     if result < 0 or (isinstance(value, float) and value != result):
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0")
     return result
+
+
+def _port(key: str, value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    problem = f"{key}={value!r} must be a TCP port number from 1 to 65535, or None to serve nothing"
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigurationError(problem)
+    try:
+        port = int(value.strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(problem) from None
+    if not 1 <= port <= 65535:
+        raise ConfigurationError(problem)
+    return port
 
 
 def _preset(key: str, value: Any) -> str:
@@ -212,6 +229,15 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "How long one failure callback or listener may run before the sweep moves on.",
         "s",
     ),
+    SettingSpec(
+        "metrics_port",
+        DEFAULT_METRICS_PORT,
+        _port,
+        "TCP port on which Prometheus metrics are served at `/metrics` by the processes that "
+        "read it: `celery-recovery sweep --loop` (its `--metrics-port` overrides it), the "
+        "triggerer, and a worker's main process when `PROMETHEUS_MULTIPROC_DIR` is set (or "
+        "its pool runs tasks in the main process). Unset: nothing listens. See docs/metrics.md.",
+    ),
 )
 
 _SPECS = {spec.name: spec for spec in SETTINGS}
@@ -231,6 +257,7 @@ class RecoverySettings:
     adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
     max_republish: int = DEFAULT_MAX_REPUBLISH
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
+    metrics_port: int | None = DEFAULT_METRICS_PORT
     preset: str = DEFAULT_PRESET
 
     def __post_init__(self) -> None:
