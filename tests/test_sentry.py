@@ -159,3 +159,17 @@ def test_without_sentry_initialised_nothing_is_captured(store, recovery):
     assert not recovery_sentry.active()
     make_zombie(store, f"z-{uuid.uuid4().hex[:8]}")
     assert recovery.sweep().republished == 1
+
+
+def test_cli_sweep_checks_in(client_app, transport):
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from celery_recovery.cli import recovery as cli
+
+    result = CliRunner().invoke(cli, ["sweep", "--json"], obj=SimpleNamespace(app=client_app))
+
+    assert result.exit_code == 0, result.output
+    (checkin,) = transport.items("check_in")
+    assert (checkin["monitor_slug"], checkin["status"]) == ("celery-recovery-sweep", "ok")
