@@ -151,20 +151,42 @@ def db_current(ctx: click.Context) -> None:
 @recovery.command("sweep")
 @click.option("--loop", is_flag=True, help="Sweep every recovery_sweep_interval until stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print each report as one JSON line.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="With --loop: serve Prometheus metrics on http://0.0.0.0:PORT/metrics "
+    "(default: recovery_metrics_port; unset serves nothing).",
+)
 @click.pass_context
-def sweep(ctx: click.Context, loop: bool, as_json: bool) -> None:
+def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | None) -> None:
     """Run the recovery sweep in this process (for deployments without beat).
+
+    Each sweep checks in to the Sentry cron monitor celery-recovery-sweep
+    when sentry-sdk is initialised by the app.
 
     \b
     Example:
-      celery-recovery --app proj.celery:app sweep --loop
+      celery-recovery --app proj.celery:app sweep --loop --metrics-port 9808
     """
     import json
     import time
 
+    from . import metrics, sentry
+
+    if metrics_port is not None and not loop:
+        raise CLIError("--metrics-port needs --loop: a single sweep exits before any scrape")
     installed = _installed_recovery(ctx, "sweep needs the Celery app to publish tasks again")
+    port = metrics_port or installed.settings.metrics_port
+    if loop and port is not None:
+        try:
+            metrics.serve(port)
+        except metrics.MetricsServerError as exc:
+            raise CLIError(str(exc)) from None
     while True:
-        report = installed.sweep().as_dict()
+        swept = installed.sweep()
+        sentry.sweep_checkin(installed.settings, swept)
+        report = swept.as_dict()
         if as_json:
             click.echo(json.dumps(report))
         else:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from . import metrics
 from .errors import StoreSchemaError
 
 logger = logging.getLogger("celery_recovery.store")
@@ -68,6 +69,7 @@ class StoreHealth:
             if isinstance(exc, StoreSchemaError):
                 delay = self.backoff_max
             self._retry_at = self._clock() + delay
+        metrics.store_error(exc)
         if first:
             logger.warning(
                 "celery-recovery: the metadata store failed while %s: %s. Tasks keep running; "
@@ -97,6 +99,7 @@ class StoreHealth:
         with self._lock:
             self.dropped += count
             warn, self._dropped_warned = not self._dropped_warned, True
+        metrics.dropped_writes(count)
         if warn:
             logger.warning(
                 "celery-recovery: more than %d writes are waiting for the store; the oldest "

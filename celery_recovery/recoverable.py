@@ -31,6 +31,7 @@ from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 from redis.exceptions import RedisError
 
+from . import metrics
 from .errors import ConfigurationError, RecoveryError
 from .locks import DONE, HELD
 from .locks.keys import KeySpec, build_key, check_template
@@ -129,6 +130,7 @@ def recoverable(
                 locks, leases = recovery.runtime.locks()
                 got = locks.acquire(key, holder, lock_ttl)
             except (RedisError, OSError) as exc:
+                metrics.lock_acquisition("error")
                 if on_lock_error == "run":
                     logger.warning(
                         "celery-recovery: Redis unavailable (%s); running %s[%s] WITHOUT its "
@@ -153,6 +155,7 @@ def recoverable(
                     max_retries=request.retries + 1,
                     exc=LockUnavailableError(f"idempotency lock {key!r} unavailable: {exc}"),
                 ) from None
+            metrics.lock_acquisition(got.outcome)
             if got.outcome == DONE:
                 logger.info(
                     "celery-recovery: %s[%s] key %r already done; returning its result",
@@ -200,6 +203,7 @@ def recoverable(
         def _release(locks, key, value, result_json):  # type: ignore[no-untyped-def]
             try:
                 if not locks.release(key, value, result_json, result_ttl):
+                    metrics.lease_lost()
                     logger.warning(
                         "celery-recovery: idempotency lock %r was no longer ours at release "
                         "(lease expired; a newer attempt holds it)",

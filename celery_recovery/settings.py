@@ -44,6 +44,8 @@ DEFAULT_CALLBACK_TIMEOUT = 30.0
 DEFAULT_TRIGGERER_CAPACITY = 1000
 #: Timing preset whose values are the defaults of the timing settings.
 DEFAULT_PRESET = "default"
+#: Port on which sweep and triggerer processes serve Prometheus metrics; None serves nothing.
+DEFAULT_METRICS_PORT: int | None = None
 
 #: A zombie threshold must cover at least this many heartbeat intervals, or one
 #: late heartbeat (a GC pause, a slow commit) would declare a live worker dead.
@@ -110,6 +112,7 @@ def _count(key: str, value: Any) -> int:
 
 
 def _positive_count(key: str, value: Any) -> int:
+    """Whole number: an integer >= 1 (a string of digits in the environment)."""
     result = _count(key, value)
     if result < 1:
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 1")
@@ -117,6 +120,8 @@ def _positive_count(key: str, value: Any) -> int:
 
 
 def _module_prefixes(key: str, value: Any) -> tuple[str, ...] | None:
+    """Module names: a list of dotted module names, or one comma-separated string;
+    unset means the default."""
     if value is None or value == "":
         return None
     items = value.split(",") if isinstance(value, str) else value
@@ -133,6 +138,22 @@ def _module_prefixes(key: str, value: Any) -> tuple[str, ...] | None:
             )
         prefixes.append(name)
     return tuple(prefixes)
+
+
+def _port(key: str, value: Any) -> int | None:
+    """TCP port: an integer from 1 to 65535; unset or ``None`` serves nothing."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    problem = f"{key}={value!r} must be a TCP port number from 1 to 65535, or None to serve nothing"
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigurationError(problem)
+    try:
+        port = int(value.strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(problem) from None
+    if not 1 <= port <= 65535:
+        raise ConfigurationError(problem)
+    return port
 
 
 def _preset(key: str, value: Any) -> str:
@@ -283,6 +304,15 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "`celery_recovery` and the top-level packages of the app's own tasks. A class path "
         "stored in the database outside these is refused, never imported.",
     ),
+    SettingSpec(
+        "metrics_port",
+        DEFAULT_METRICS_PORT,
+        _port,
+        "TCP port on which Prometheus metrics are served at `/metrics` by the processes that "
+        "read it: `celery-recovery sweep --loop` (its `--metrics-port` overrides it), the "
+        "triggerer, and a worker's main process when `PROMETHEUS_MULTIPROC_DIR` is set (or "
+        "its pool runs tasks in the main process). Unset: nothing listens. See docs/metrics.md.",
+    ),
 )
 
 _SPECS = {spec.name: spec for spec in SETTINGS}
@@ -304,6 +334,7 @@ class RecoverySettings:
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
     trigger_allowed_modules: tuple[str, ...] | None = None
+    metrics_port: int | None = DEFAULT_METRICS_PORT
     preset: str = DEFAULT_PRESET
 
     def __post_init__(self) -> None:

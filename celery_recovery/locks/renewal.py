@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from .. import metrics
 from .redis_lock import IdempotencyLocks
 
 logger = logging.getLogger("celery_recovery.locks")
@@ -54,6 +55,7 @@ class LeaseRenewer:
                 continue
             for (key, value, _), still in zip(leases, held, strict=True):
                 if not still:
+                    metrics.lease_lost()
                     logger.warning(
                         "celery-recovery: lease on idempotency key %r (%s) was lost; "
                         "a newer attempt may hold it",

@@ -22,6 +22,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
+from .. import metrics
 from ..recovery import Recovery, installed, recovery_for_app
 from ..states import JobState, JobType
 from .guard import never_raises
@@ -45,6 +46,8 @@ def on_process_init(sender: Any = None, **_: Any) -> None:
 
 @never_raises
 def on_process_shutdown(**_: Any) -> None:
+    # Multiprocess metrics: this child's live gauges stop counting (not sent on SIGKILL).
+    metrics.mark_process_dead()
     recovery = _current()
     if recovery is not None:
         recovery.runtime.stop_job(JobState.SUCCESS)
@@ -55,9 +58,11 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     recovery = recovery_for_app(app) if app is not None else _current()
     pool = getattr(sender, "pool", None)
-    if recovery is None or _runs_tasks_in_children(pool):
+    if recovery is None:
         return
-    _start_worker_job(recovery, getattr(sender, "hostname", None))
+    metrics.serve_for_worker(recovery.settings, _runs_tasks_in_children(pool))
+    if not _runs_tasks_in_children(pool):
+        _start_worker_job(recovery, getattr(sender, "hostname", None))
 
 
 @never_raises

@@ -400,6 +400,24 @@ class SweepOperations:
         with self.transaction() as conn:
             return conn.execute(select(leases.c.completed_at).where(leases.c.name == name)).scalar()
 
+    # -- gauges for metrics -----------------------------------------------------
+
+    def gauge_snapshot(self) -> tuple[dict[str, tuple[int, datetime]], int]:
+        """Running jobs per type as (count, oldest heartbeat), and the outbox's size.
+
+        Two aggregate queries (the running-jobs one uses ``ix_jobs_live``), made
+        once per sweep pass, never per task.
+        """
+        stmt = (
+            select(jobs.c.job_type, func.count(), func.min(jobs.c.latest_heartbeat))
+            .where(jobs.c.state == JobState.RUNNING.value)
+            .group_by(jobs.c.job_type)
+        )
+        with self.transaction() as conn:
+            running = {row[0]: (int(row[1]), row[2]) for row in conn.execute(stmt)}
+            pending = conn.execute(select(func.count()).select_from(callbacks)).scalar_one()
+        return running, int(pending)
+
 
 def _same_holder_token(holder: str) -> Any:
     return case((leases.c.holder == holder, leases.c.token), else_=None)

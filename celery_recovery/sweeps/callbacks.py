@@ -24,6 +24,7 @@ from typing import Any
 from billiard.einfo import ExceptionInfo
 from celery.signals import task_failure
 
+from .. import metrics
 from ..errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
 from .context import SweepContext
 
@@ -53,6 +54,7 @@ def deliver_callbacks(ctx: SweepContext) -> None:
                     row["attempts"] - 1,
                 )
                 store.delete_callback(row["id"], ctx.holder)
+                metrics.callback_outcome(row["kind"], "abandoned")
                 continue
             ok = _deliver(ctx, row)
             store.delete_callback(row["id"], ctx.holder)
@@ -60,6 +62,7 @@ def deliver_callbacks(ctx: SweepContext) -> None:
                 ctx.report.callbacks_delivered += 1
             else:
                 ctx.report.callbacks_failed += 1
+            metrics.callback_outcome(row["kind"], "delivered" if ok else "failed")
 
 
 def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:

@@ -9,6 +9,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .. import metrics
+from ..errors import StoreError
+
 if TYPE_CHECKING:
     from ..recovery import Recovery
 
@@ -51,6 +54,8 @@ class SweepContext:
         """Run one item; any error is logged and counted, never raised out of the sweep."""
         try:
             yield
-        except Exception:
+        except Exception as exc:
             self.report.errors += 1
+            if isinstance(exc, StoreError):
+                metrics.store_error(exc)
             logger.exception("celery-recovery: sweep failed on %s; continuing", what)

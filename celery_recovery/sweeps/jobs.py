@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import metrics, sentry
 from ..states import JobType
 from .context import SweepContext
 
@@ -21,6 +22,11 @@ def sweep_dead_jobs(ctx: SweepContext) -> None:
     }
     for job in ctx.recovery.store.fail_dead_jobs(ctx.now, thresholds):
         ctx.report.dead_jobs += 1
+        metrics.dead_job(job["job_type"])
+        if job["job_type"] != JobType.WORKER:
+            # A dead worker shows up as the zombies it leaves; a dead beat or triggerer
+            # leaves nothing else behind to alert on.
+            sentry.capture_dead_job(job, ctx.now)
         log = logger.warning if job["job_type"] != JobType.WORKER else logger.info
         log(
             "celery-recovery: %s job %s on %s (pid %s) stopped heartbeating at %s; marked failed",

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import states
 
+from .. import metrics, sentry
 from ..probe import UNKNOWN, Probe, probe_many
 from ..states import TaskState
 from .context import SweepContext
@@ -28,17 +29,23 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
         seen = probe_many(ctx.recovery.app, [r["task_id"] for r in lost])
     for record in lost:
         with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
-            _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)))
+            action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)))
+            if action in metrics.definitions.ACTIONS:
+                metrics.sweep_action("lost_message", action)
+                if action != "reconciled":  # a reconciled one ran: its message was not lost
+                    sentry.capture_lost_message(record, action, ctx.now)
 
 
-def _handle(ctx: SweepContext, record: dict[str, Any], seen: Probe) -> None:
+def _handle(ctx: SweepContext, record: dict[str, Any], seen: Probe) -> str | None:
+    """Decide on one overdue queued try; returns what was done or None."""
     if seen.state == UNKNOWN:
         ctx.report.errors += 1
-        return
-    if take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded"):
-        return
+        return None
+    taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded")
+    if taken is not None:
+        return taken
     if seen.state != states.PENDING:
-        return  # started or retrying somewhere: its own signals will catch up
+        return None  # started or retrying somewhere: its own signals will catch up
     ctx.report.lost_messages += 1
     waited = int(ctx.recovery.settings.queued_timeout)
     publish_count = int(record.get("publish_count") or 1) + 1
@@ -54,3 +61,4 @@ def _handle(ctx: SweepContext, record: dict[str, Any], seen: Probe) -> None:
         ctx.report.lost_republished += 1
     elif result == "failed":
         ctx.report.failed += 1
+    return result

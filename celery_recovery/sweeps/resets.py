@@ -31,11 +31,15 @@ _COPIED_COLUMNS = ("task_name", *MESSAGE_COLUMNS)
 
 def take_backend_outcome(
     ctx: SweepContext, record: dict[str, Any], seen: Probe, expected_state: TaskState, why: str
-) -> bool:
-    """If the backend says the task finished, give the try that outcome; True if it did."""
+) -> str | None:
+    """If the backend says the task finished, give the try that outcome.
+
+    Returns None when the backend reports no outcome, else ``"reconciled"``
+    or ``"lost race"`` (the try changed meanwhile).
+    """
     outcome = {states.SUCCESS: TaskState.SUCCESS, states.FAILURE: TaskState.FAILED}.get(seen.state)
     if outcome is None:
-        return False
+        return None
     reason = f"reconciled: the result backend reports {seen.state} ({why})"
     if ctx.recovery.store.reconcile_try(
         record["task_id"],
@@ -47,9 +51,9 @@ def take_backend_outcome(
         ctx.now,
     ):
         ctx.report.reconciled += 1
-    else:
-        ctx.report.races_lost += 1
-    return True
+        return "reconciled"
+    ctx.report.races_lost += 1
+    return "lost race"
 
 
 def max_retries_of(ctx: SweepContext, task_name: str) -> int | None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from .. import metrics
 from ..timeutils import utcnow
 from .callbacks import deliver_callbacks
 from .context import SweepContext, SweepReport
@@ -46,7 +47,10 @@ def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
             step(ctx)
     with ctx.isolated("recording the sweep's completion"):
         recovery.store.mark_completed(SWEEP_COMPLETION, utcnow())
+    with ctx.isolated("reading the gauges of metrics"):
+        metrics.refresh_gauges(recovery.store, ctx.now)
     report.duration = time.perf_counter() - started
+    metrics.sweep_finished(report)
     if report.errors or report.zombies or report.lost_messages or report.dead_jobs:
         logger.info("celery-recovery: sweep %s", report.as_dict())
     return report

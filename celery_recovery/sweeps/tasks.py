@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .. import sentry
+
 if TYPE_CHECKING:
     from ..recovery import Recovery
 
@@ -16,4 +18,8 @@ def register_sweep_task(recovery: Recovery) -> None:
     @app.task(name=SWEEP_TASK, shared=False, ignore_result=True)
     def sweep() -> dict[str, Any]:
         """One recovery pass (celery-recovery); scheduled by beat."""
-        return recovery.sweep().as_dict()
+        report = recovery.sweep()
+        # Only scheduled sweeps check in: the workers' fallback sweep must not
+        # hide a stopped beat from the cron monitor.
+        sentry.sweep_checkin(recovery.settings, report)
+        return report.as_dict()

@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import states
 
+from .. import metrics, sentry
 from ..probe import UNKNOWN, Probe, probe_many
 from ..states import JobType, TaskState
 from .context import SweepContext
@@ -39,27 +40,34 @@ def sweep_zombies(ctx: SweepContext) -> None:
         seen = probe_many(ctx.recovery.app, [z["task_id"] for z in zombies])
     for zombie in zombies:
         with ctx.isolated(f"zombie {zombie['task_id']}/{zombie['try_number']}"):
-            _handle(ctx, zombie, seen.get(zombie["task_id"], Probe(UNKNOWN)), live)
+            action = _handle(ctx, zombie, seen.get(zombie["task_id"], Probe(UNKNOWN)), live)
+            if action in metrics.definitions.ACTIONS:
+                # After the commit, and only by the sweep that won the change.
+                metrics.sweep_action("zombie", action)
+                sentry.capture_zombie(zombie, action, ctx.now)
 
 
 def _handle(
     ctx: SweepContext, zombie: dict[str, Any], seen: Probe, live: dict[tuple, dict]
-) -> None:
+) -> str | None:
+    """Decide on one zombie; returns what was done (an action, ``"lost race"``) or None."""
     store = ctx.recovery.store
     task_id, try_number, job_id = zombie["task_id"], zombie["try_number"], zombie["job_id"]
     if seen.state == UNKNOWN:
         # Resetting blind could run a finished task again; try on the next pass.
         ctx.report.errors += 1
-        return
-    if take_backend_outcome(ctx, zombie, seen, TaskState.RUNNING, "worker lost"):
-        return
+        return None
+    taken = take_backend_outcome(ctx, zombie, seen, TaskState.RUNNING, "worker lost")
+    if taken is not None:
+        return taken
     if seen.state == states.RETRY:
         reason = "reconciled: the worker had retried it before it was lost"
         if store.reconcile_try(
             task_id, try_number, TaskState.RUNNING, job_id, TaskState.UP_FOR_RETRY, reason, ctx.now
         ):
             ctx.report.reconciled += 1
-        return
+            return "reconciled"
+        return None
     owner = live.get((seen.hostname, seen.pid)) if seen.state == states.STARTED else None
     if owner is not None and owner["id"] != job_id and zombie.get("adopted_until") is None:
         # Celery stores STARTED before a task's before_start, so the STARTED may come
@@ -72,7 +80,8 @@ def _handle(
         )
         if store.adopt_try(task_id, try_number, job_id, owner["id"], reason, ctx.now, until):
             ctx.report.adopted += 1
-        return
+            return "adopted"
+        return None
     if zombie.get("adopted_until") is not None:
         # The adopter never claimed the try: it is not running it.  The adopter itself
         # is alive, so its job is left alone.
@@ -88,3 +97,4 @@ def _handle(
         ctx.report.republished += 1
     elif result == "failed":
         ctx.report.failed += 1
+    return result

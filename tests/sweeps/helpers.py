@@ -54,3 +54,28 @@ def try_started(store, task_id: str, try_number: int) -> bool:
     return any(
         t["try_number"] == try_number and t["state"] != "queued" for t in store.tries(task_id)
     )
+
+
+def make_queued(store, task_id: str, queue: str = "unused", task_name: str = "lifecycle.add"):
+    """Record a published try of ``task_name`` that no worker has started (a lost message
+    once a sweep runs ``recovery_queued_timeout`` later)."""
+    from datetime import timedelta
+
+    from celery_recovery.timeutils import utcnow
+
+    past = utcnow() - timedelta(seconds=5)
+    store.record_queued(
+        [
+            {
+                "task_id": task_id,
+                "try_number": 1,
+                "task_name": task_name,
+                "state": "queued",
+                "queue": queue,
+                "args": [1, 2],
+                "kwargs": {},
+                "queued_at": past,
+                "updated_at": past,
+            }
+        ]
+    )

@@ -1,0 +1,53 @@
+"""Prometheus metrics: what the sweeps, locks, store and triggerer did, and serving them.
+
+Every metric and its labels is in :mod:`.definitions`; docs/metrics.md
+describes them for operators.  Recording is a counter increment or a gauge
+set, never a store round trip per task, and never raises.
+"""
+
+from .definitions import PREFIX
+from .record import (
+    callback_outcome,
+    dead_job,
+    dropped_writes,
+    lease_lost,
+    lock_acquisition,
+    store_error,
+    sweep_action,
+    sweep_finished,
+)
+from .serve import (
+    MULTIPROC_ENV,
+    MetricsServerError,
+    mark_process_dead,
+    multiprocess_dir,
+    serve,
+    serve_for_worker,
+    stop,
+)
+from .snapshot import refresh_gauges
+from .triggerer import blocked_loop, trigger_event, triggerer_stopped, triggers_running
+
+__all__ = [
+    "MULTIPROC_ENV",
+    "PREFIX",
+    "MetricsServerError",
+    "blocked_loop",
+    "callback_outcome",
+    "dead_job",
+    "dropped_writes",
+    "lease_lost",
+    "lock_acquisition",
+    "mark_process_dead",
+    "multiprocess_dir",
+    "refresh_gauges",
+    "serve",
+    "serve_for_worker",
+    "stop",
+    "store_error",
+    "sweep_action",
+    "sweep_finished",
+    "trigger_event",
+    "triggerer_stopped",
+    "triggers_running",
+]

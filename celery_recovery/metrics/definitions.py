@@ -1,0 +1,169 @@
+"""Every Prometheus metric celery-recovery exports, in the client's default registry.
+
+Names follow Prometheus conventions: the ``celery_recovery_`` prefix,
+``_total`` on counters, base units (``_seconds``).  Labels take a small,
+fixed set of values, all created up front so that each series exists (at
+0) from the start and ``rate()`` and alerts see it before its first event.
+
+Gauges say how prometheus-client's multiprocess mode (prefork workers with
+``PROMETHEUS_MULTIPROC_DIR``) combines the values of several processes:
+``mostrecent`` for values a sweep computes from the store (whichever
+process swept last is right), ``livesum`` for what each live process holds.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..states import JobType
+
+PREFIX = "celery_recovery_"
+
+#: Which check of a sweep found a try.
+CAUSES = ("zombie", "lost_message")
+#: What a sweep did to a try it won: published it again as the next try, failed
+#: it, re-pointed it to the live worker running it, or gave it the outcome the
+#: result backend reports.
+ACTIONS = ("republished", "failed", "adopted", "reconciled")
+CALLBACK_KINDS = ("failure", "retry")
+#: ``abandoned``: given up after too many deliveries that died midway.
+CALLBACK_OUTCOMES = ("delivered", "failed", "abandoned")
+STORE_ERRORS = ("unavailable", "schema", "other")
+#: ``acquired`` ran the body; ``held`` (another attempt holds the key) and ``done``
+#: (the key completed before) did not; ``error``: Redis could not be asked.
+LOCK_OUTCOMES = ("acquired", "held", "done", "error")
+JOB_TYPES = tuple(t.value for t in JobType)
+#: Outcomes of a trigger, as the triggerer reports them.
+TRIGGER_EVENT_KINDS = ("resumed", "succeeded", "failed", "timed_out", "error")
+
+# -- sweeps -------------------------------------------------------------------
+
+SWEEP_DURATION = Histogram(
+    PREFIX + "sweep_duration_seconds",
+    "Duration of one recovery sweep pass (all steps); its _count is the number of sweeps.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+LAST_SWEEP = Gauge(
+    PREFIX + "last_sweep_timestamp_seconds",
+    "Unix time at which a sweep pass in this process (or, multiprocess, any) last finished.",
+    multiprocess_mode="max",
+)
+ZOMBIES_FOUND = Counter(
+    PREFIX + "zombies_found_total",
+    "Running tries found whose worker stopped heartbeating (counted by each sweep that "
+    "finds one, so a try a sweep could not decide on yet is counted again next pass).",
+)
+LOST_MESSAGES = Counter(
+    PREFIX + "lost_messages_total",
+    "Queued tries no worker started within recovery_queued_timeout while the result "
+    "backend knows nothing of them.",
+)
+SWEEP_ACTIONS = Counter(
+    PREFIX + "sweep_actions_total",
+    "Tries a sweep changed, by the check that found them (cause) and what it did (action). "
+    "Each change is a compare-and-set won by one sweep, so concurrent sweeps count it once.",
+    ["cause", "action"],
+)
+RACES_LOST = Counter(
+    PREFIX + "sweep_races_lost_total",
+    "Changes a sweep gave up because the try changed meanwhile (another sweep, or the "
+    "worker itself); normal when several sweeps run.",
+)
+SWEEP_ERRORS = Counter(
+    PREFIX + "sweep_errors_total",
+    "Items or steps of a sweep that failed and were skipped until the next pass "
+    "(store or result backend unreachable, a bad row).",
+)
+DEAD_JOBS = Counter(
+    PREFIX + "dead_jobs_total",
+    "Jobs (worker processes, beats, triggerers) a sweep marked failed because their "
+    "heartbeat stopped.",
+    ["job_type"],
+)
+CALLBACKS = Counter(
+    PREFIX + "callbacks_total",
+    "Failure callbacks (on_failure / on_retry and failure listeners) run by a sweep for "
+    "tries it failed or retried, by kind and outcome.",
+    ["kind", "outcome"],
+)
+CALLBACKS_PENDING = Gauge(
+    PREFIX + "callbacks_pending",
+    "Failure callbacks waiting in the outbox, as the last sweep counted them.",
+    multiprocess_mode="mostrecent",
+)
+HEARTBEAT_AGE = Gauge(
+    PREFIX + "heartbeat_age_seconds",
+    "Age of the stalest heartbeat among running jobs of each type, as the last sweep saw "
+    "it; NaN when none is running. Close to recovery_zombie_threshold means live "
+    "processes are nearly taken for dead.",
+    ["job_type"],
+    multiprocess_mode="mostrecent",
+)
+JOBS_RUNNING = Gauge(
+    PREFIX + "jobs_running",
+    "Jobs of each type in state running, as the last sweep counted them (0 beats: beat is down).",
+    ["job_type"],
+    multiprocess_mode="mostrecent",
+)
+
+# -- every process: store and locks ---------------------------------------------
+
+STORE_ERRORS_TOTAL = Counter(
+    PREFIX + "store_errors_total",
+    "Metadata store operations that failed (signal handlers, write-behind, heartbeats, "
+    "sweeps), by kind of error.",
+    ["error"],
+)
+DROPPED_WRITES = Counter(
+    PREFIX + "dropped_writes_total",
+    "Buffered task-record writes dropped because the store was down for too long.",
+)
+LOCK_ACQUISITIONS = Counter(
+    PREFIX + "lock_acquisitions_total",
+    "Idempotency-lock acquisitions by @recoverable tasks, by outcome (held = contention).",
+    ["outcome"],
+)
+LEASES_LOST = Counter(
+    PREFIX + "lock_leases_lost_total",
+    "Idempotency-lock leases found no longer held at renewal or release (expired during a "
+    "pause; a newer attempt may hold the key).",
+)
+
+# -- triggerer ------------------------------------------------------------------
+
+TRIGGERS_RUNNING = Gauge(
+    PREFIX + "triggers_running",
+    "Triggers a triggerer is running now, per triggerer job id.",
+    ["triggerer"],
+    multiprocess_mode="livesum",
+)
+TRIGGER_EVENTS = Counter(
+    PREFIX + "trigger_events_total",
+    "Triggers that finished, by kind: resumed (task published to resume on a worker), "
+    "succeeded / failed (task completed by the triggerer), timed_out, error.",
+    ["kind"],
+)
+BLOCKED_LOOP = Counter(
+    PREFIX + "triggerer_blocked_loop_warnings_total",
+    "Times a triggerer's event loop was found blocked (a trigger doing blocking work).",
+)
+
+
+def _create_series() -> None:
+    for cause in CAUSES:
+        for action in ACTIONS:
+            SWEEP_ACTIONS.labels(cause, action)
+    for kind in CALLBACK_KINDS:
+        for outcome in CALLBACK_OUTCOMES:
+            CALLBACKS.labels(kind, outcome)
+    for job_type in JOB_TYPES:
+        DEAD_JOBS.labels(job_type)
+    for error in STORE_ERRORS:
+        STORE_ERRORS_TOTAL.labels(error)
+    for outcome in LOCK_OUTCOMES:
+        LOCK_ACQUISITIONS.labels(outcome)
+    for kind in TRIGGER_EVENT_KINDS:
+        TRIGGER_EVENTS.labels(kind)
+
+
+_create_series()
