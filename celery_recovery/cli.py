@@ -148,16 +148,20 @@ def db_current(ctx: click.Context) -> None:
         sys.exit(1)
 
 
+def _metrics_port_option(verb: str) -> Any:
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        metavar="PORT",
+        help=f"{verb} Prometheus metrics on http://0.0.0.0:PORT/metrics "
+        "[default: recovery_metrics_port; unset serves nothing].",
+    )
+
+
 @recovery.command("sweep")
 @click.option("--loop", is_flag=True, help="Sweep every recovery_sweep_interval until stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print each report as one JSON line.")
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    metavar="PORT",
-    help="With --loop: serve Prometheus metrics on http://0.0.0.0:PORT/metrics "
-    "(default: recovery_metrics_port; unset serves nothing).",
-)
+@_metrics_port_option("With --loop: serve")
 @click.pass_context
 def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | None) -> None:
     """Run the recovery sweep in this process (for deployments without beat).
@@ -215,6 +219,7 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | Non
     default=None,
     help="Most triggers run at once [default: recovery_triggerer_capacity].",
 )
+@_metrics_port_option("Serve")
 @click.option(
     "-l",
     "--loglevel",
@@ -223,7 +228,13 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | Non
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
 @click.pass_context
-def triggerer(ctx: click.Context, queues: str, capacity: int | None, loglevel: str) -> None:
+def triggerer(
+    ctx: click.Context,
+    queues: str,
+    capacity: int | None,
+    metrics_port: int | None,
+    loglevel: str,
+) -> None:
     """Run deferred tasks' triggers on one asyncio loop, with no worker slot held.
 
     Several triggerers (on several hosts) share the work; each claims the
@@ -251,7 +262,12 @@ def triggerer(ctx: click.Context, queues: str, capacity: int | None, loglevel: s
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
     )
-    Triggerer(installed, names, capacity).run()
+    from . import metrics
+
+    try:
+        Triggerer(installed, names, capacity, metrics_port=metrics_port).run()
+    except metrics.MetricsServerError as exc:
+        raise CLIError(str(exc)) from None
 
 
 @recovery.command("demo")

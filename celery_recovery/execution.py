@@ -21,6 +21,8 @@ running in a live job.  Signals cannot skip a task body, so
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -109,9 +111,37 @@ def _stale_because(view: dict[str, Any], try_number: int, fresh: float) -> str |
         return "the try is deferred, waiting for its trigger"
     if state == TaskState.RUNNING and view["job_state"] == JobState.RUNNING:
         heartbeat = view["job_heartbeat"]
-        if heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=fresh):
+        fresh_beat = heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=fresh)
+        if fresh_beat and not _died_here(view.get("job_hostname"), view.get("job_pid")):
             return f"the try is running in live job {view['job_id']}"
     return None
+
+
+def _died_here(hostname: str | None, pid: int | None) -> bool:
+    """True when the job's process was on this host and is gone.
+
+    A pool process killed a moment ago still has a fresh heartbeat, and with
+    ``task_reject_on_worker_lost`` its message comes straight back to this
+    worker: that redelivery is the recovery and must run.
+    """
+    if not pid or hostname != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return _is_zombie_process(pid)
+
+
+def _is_zombie_process(pid: int) -> bool:
+    # A killed child not yet reaped by its parent still answers signal 0.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
 
 
 def _guard(cls: type) -> None:

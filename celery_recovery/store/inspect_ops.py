@@ -74,15 +74,19 @@ class InspectOperations:
             return [dict(row) for row in conn.execute(stmt).mappings()]
 
     def queues_served(self, now: datetime, threshold: float) -> set[str | None]:
-        """Queues with at least one trigger held by a live triggerer."""
-        stmt = (
+        """Queues some live triggerer serves (its ``--queues``), or holds a trigger of."""
+        held = (
             select(triggers.c.queue)
             .distinct()
             .select_from(triggers.join(jobs, jobs.c.id == triggers.c.triggerer_id))
             .where(_live_triggerer(now, threshold))
         )
+        declared = select(jobs.c.queues).where(_live_triggerer(now, threshold))
         with self.transaction() as conn:
-            return set(conn.execute(stmt).scalars())
+            served: set[str | None] = set(conn.execute(held).scalars())
+            for queues in conn.execute(declared).scalars():
+                served.update(q for q in (queues or "").split(",") if q)
+        return served
 
     def deferred_tries(self, now: datetime, threshold: float, limit: int = 500) -> list[dict]:
         """Tries in ``deferred`` with their trigger (if any) and whether its triggerer is live."""

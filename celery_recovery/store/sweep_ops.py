@@ -250,6 +250,8 @@ class SweepOperations:
                 task_records.c.job_id,
                 jobs.c.latest_heartbeat.label("job_heartbeat"),
                 jobs.c.state.label("job_state"),
+                jobs.c.hostname.label("job_hostname"),
+                jobs.c.pid.label("job_pid"),
                 latest.label("latest"),
             )
             .select_from(task_records.outerjoin(jobs, jobs.c.id == task_records.c.job_id))
@@ -265,6 +267,8 @@ class SweepOperations:
                     "job_id": None,
                     "job_heartbeat": None,
                     "job_state": None,
+                    "job_hostname": None,
+                    "job_pid": None,
                 }
         view = dict(row)
         view["latest"] = int(view["latest"] or 0)

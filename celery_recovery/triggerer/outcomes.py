@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import states
 
+from .. import metrics
 from ..deferral import RESUME_HEADER, resume_header
 from ..errors import DeferralError, TriggerFailedError, TriggerTimeoutError
 from ..republish import republish
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_recovery.triggerer")
 
+#: How the error of a trigger whose run() raised begins.
+RAISED = "the trigger raised:"
 #: Longest error text kept for a failed trigger.
 MAX_ERROR_LENGTH = 4000
 
@@ -78,7 +81,7 @@ def failure(row: dict[str, Any], error: str, exception: type = TriggerFailedErro
 
 def crashed(row: dict[str, Any]) -> Outcome:
     """The outcome of a trigger whose ``run()`` raised (call inside ``except``)."""
-    return failure(row, "the trigger raised:\n" + traceback.format_exc())
+    return failure(row, RAISED + "\n" + traceback.format_exc())
 
 
 def timed_out(row: dict[str, Any]) -> Outcome:
@@ -133,6 +136,7 @@ class OutcomeApplier:
             self.store.release_triggers(owner, retry_later)
         for finish in done:
             self.applied[finish.kind] += 1
+            metrics.trigger_event(_metric_kind(finish))
         return {f.trigger_id for f in done}
 
     def _firing(self, outcome: Outcome) -> Firing:
@@ -200,6 +204,16 @@ class OutcomeApplier:
             )
         reason = "completed by its trigger" if kind == SUCCESS else "resumed by its trigger"
         return Finish(int(row["id"]), row["task_id"], int(row["try_number"]), kind, reason)
+
+
+def _metric_kind(finish: Finish) -> str:
+    if finish.kind == RESUME:
+        return "resumed"
+    if finish.kind == SUCCESS:
+        return "succeeded"
+    if finish.exception == TriggerTimeoutError.__name__:
+        return "timed_out"
+    return "error" if (finish.error or "").startswith(RAISED) else "failed"
 
 
 def _exception(payload: Any) -> Exception:

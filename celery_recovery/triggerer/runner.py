@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import metrics, sentry
 from ..errors import StoreError
 from ..states import JobState, JobType
 from ..timeutils import utcnow
@@ -55,12 +56,14 @@ class Triggerer:
         queues: Sequence[str] = ("default",),
         capacity: int | None = None,
         poll_interval: float = POLL_INTERVAL,
+        metrics_port: int | None = None,
     ) -> None:
         self.recovery = recovery
         self.app = recovery.app
         self.queues = tuple(queues)
         self.capacity = capacity or recovery.settings.triggerer_capacity
         self.poll_interval = poll_interval
+        self.metrics_port = metrics_port
         self.applier = OutcomeApplier(recovery)
         self.prefixes = allowed_prefixes(self.app, recovery.settings.trigger_allowed_modules)
         self.running: dict[int, asyncio.Task[None]] = {}
@@ -96,13 +99,19 @@ class Triggerer:
             ",".join(self.queues),
             self.capacity,
         )
-        self.watchdog = LoopWatchdog(self._loop, BLOCK_THRESHOLD)
+        settings = self.recovery.settings
+        if self.metrics_port or settings.metrics_port:
+            metrics.serve(self.metrics_port or settings.metrics_port)
+        self.watchdog = LoopWatchdog(
+            self._loop, BLOCK_THRESHOLD, on_blocked=lambda *_: metrics.blocked_loop()
+        )
         self.watchdog.start()
         ticker = asyncio.create_task(self.watchdog.ticker(), name="triggerer watchdog tick")
         recorder = asyncio.create_task(self._record_events(), name="triggerer event recorder")
         try:
             while not self._stopping.is_set():
                 full = await self._claim_round()
+                self._report()
                 if full:
                     continue  # more may be waiting: claim again at once
                 with contextlib.suppress(TimeoutError):
@@ -135,7 +144,15 @@ class Triggerer:
                     "triggerer after recovery_health_check_threshold",
                     exc,
                 )
+        if owner is not None:
+            metrics.triggerer_stopped(owner)
         await asyncio.to_thread(self.recovery.runtime.stop_job, JobState.SUCCESS)
+
+    def _report(self) -> None:
+        owner = self.recovery.runtime.job_id
+        if owner is not None:
+            metrics.triggers_running(owner, len(self.running))
+        sentry.triggerer_checkin(self.recovery.settings)
 
     # -- claiming --------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from celery import Celery, Task
 
 from celery_recovery import (
     Recovery,
+    TaskResultTrigger,
     TimeDeltaTrigger,
     current_fencing_token,
     defer,
@@ -31,6 +32,7 @@ def create_app(
     queue: str,
     recovery: dict[str, Any] | None = None,
     acks_late: bool = False,
+    reject_on_worker_lost: bool = False,
     visibility_timeout: float | None = None,
 ) -> Celery:
     """A lifecycle app; ``recovery`` holds the overrides to install celery-recovery with.
@@ -49,6 +51,7 @@ def create_app(
         accept_content=["json", "pickle"],
         result_accept_content=["json", "pickle"],
         task_acks_late=acks_late,
+        task_reject_on_worker_lost=reject_on_worker_lost,
     )
     if visibility_timeout is not None:
         app.conf.broker_transport_options = {
@@ -156,6 +159,22 @@ def _register_tasks(app: Celery) -> None:
         time.sleep(0.2)
         return {"order": order_id, "token": current_fencing_token()}
 
+    @app.task(
+        shared=False,
+        name="lifecycle.flaky_charge",
+        bind=True,
+        autoretry_for=(ValueError,),
+        retry_kwargs={"countdown": 0.1, "max_retries": 3},
+    )
+    @recoverable(idempotency_key="flaky:{order_id}", retry_countdown=0.2)
+    def flaky_charge(self, ledger, order_id):
+        """Fails its first try with a ValueError, which autoretry_for retries."""
+        token = current_fencing_token()
+        _append(ledger, f"run {order_id} try={self.request.retries + 1} token={token}")
+        if self.request.retries == 0:
+            raise ValueError("the first attempt fails")
+        return {"order": order_id, "token": token}
+
     @app.task(shared=False, name="lifecycle.charge_briefly", bind=True)
     @recoverable(idempotency_key="brief:{order_id}", result_ttl=1.5, retry_countdown=0.2)
     def charge_briefly(self, ledger, order_id):
@@ -179,6 +198,14 @@ def _register_tasks(app: Celery) -> None:
             timeout=timeout,
         )
 
+    @app.task(shared=False, name="lifecycle.follow", bind=True)
+    def follow(self, ledger, other_id, end=False):
+        """Waits for another task's result in the triggerer, holding no worker slot."""
+        trigger = TaskResultTrigger(other_id, poll=0.2, end_from_trigger=end)
+        if end:
+            defer(trigger)
+        defer(trigger, method_name="resumed", kwargs={"ledger": ledger})
+
     @app.task(shared=False, name="lifecycle.nap", bind=True)
     @recoverable
     def nap(self, seconds):
@@ -196,6 +223,7 @@ app = create_app(
     os.environ.get("RECOVERY_TEST_QUEUE", "celery"),
     None if os.environ.get("RECOVERY_TEST_PLAIN", "1") == "1" else {},
     acks_late=os.environ.get("RECOVERY_TEST_ACKS_LATE") == "1",
+    reject_on_worker_lost=os.environ.get("RECOVERY_TEST_REJECT_ON_LOST") == "1",
     visibility_timeout=(
         float(os.environ["RECOVERY_TEST_VISIBILITY"])
         if os.environ.get("RECOVERY_TEST_VISIBILITY")

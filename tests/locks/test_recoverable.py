@@ -46,6 +46,33 @@ def test_fifty_deliveries_of_one_key_run_the_body_once(client_app, store, start_
     assert ran[0]["idempotency_key"] == f"charge:{order}"
 
 
+def test_autoretry_for_retries_a_failed_attempt_with_a_newer_token_then_remembers_it(
+    client_app, store, start_worker, tmp_path
+):
+    ledger = tmp_path / "ledger"
+    order = f"flaky-{uuid.uuid4().hex[:8]}"
+    start_worker(concurrency=2)
+    first = client_app.send_task("lifecycle.flaky_charge", (str(ledger), order))
+    value = first.get(timeout=30)
+    [failed_run, good_run] = runs(ledger, order)
+    tokens = [int(line.rsplit("token=", 1)[1]) for line in (failed_run, good_run)]
+    assert "try=1" in failed_run and "try=2" in good_run
+    assert tokens[0] < tokens[1] == value["token"]  # the failure released the key
+    # A later delivery of the same key returns the remembered result, body not run.
+    again = client_app.send_task("lifecycle.flaky_charge", (str(ledger), order))
+    assert again.get(timeout=30) == value
+    assert len(runs(ledger, order)) == 2
+    tries = wait_for(
+        lambda: (
+            [(t["try_number"], t["state"]) for t in store.tries(first.id)]
+            == [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)]
+        ),
+        10,
+        what="try 1 up_for_retry and try 2 success",
+    )
+    assert tries
+
+
 def test_completed_key_returns_its_result_until_result_ttl_passes(
     client_app, start_worker, tmp_path
 ):

@@ -74,7 +74,9 @@ def test_zombie_recovery_shows_in_the_scraped_metrics(
         done = value(
             samples, "celery_recovery_sweep_actions_total", cause="zombie", action="republished"
         )
-        return samples if done else None
+        # Actions count as they happen, the found counters when the sweep pass ends.
+        finished = value(samples, "celery_recovery_zombies_found_total")
+        return samples if done and finished else None
 
     after = wait_for(republished, ZOMBIE + SWEEP + 15, interval=0.2, what="the republish metric")
     actions = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -124,3 +126,23 @@ def test_redelivered_original_of_a_recovered_try_does_not_run_again(
     ), tries
     assert count(ledger, "start") == 2
     assert "dropping stale delivery" in survivor.log or tries == [(1, TaskState.SUCCESS)]
+
+
+def test_a_killed_pool_process_requeued_by_its_worker_runs_again_at_once(
+    client_app, store, start_worker, tmp_path
+):
+    # acks_late + task_reject_on_worker_lost: the worker requeues the message of a
+    # pool process killed mid-task, and it comes straight back while the dead
+    # process's heartbeat is still fresh.  That redelivery is the recovery: it runs.
+    env = {"RECOVERY_TEST_ACKS_LATE": "1", "RECOVERY_TEST_REJECT_ON_LOST": "1"}
+    ledger = tmp_path / "ledger"
+    worker = start_worker(concurrency=1, env=env)
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 2))
+    running_try(store, result.id)
+    [child] = worker.child_pids()
+    os.kill(child, signal.SIGKILL)
+    # Dropped as stale, it would be adopted by the sweep and rerun only after
+    # zombie_threshold + adoption_timeout (13 s here).
+    assert result.get(timeout=FAST_SETTINGS["adoption_timeout"]) == 2
+    assert count(ledger, "start") == 2 and count(ledger, "done") == 1
+    assert "dropping stale delivery" not in worker.log
