@@ -32,10 +32,11 @@ from kombu.utils.json import loads as kombu_loads
 from redis.exceptions import RedisError
 
 from . import metrics
-from .errors import ConfigurationError, RecoveryError
+from .errors import ConfigurationError
 from .locks import DONE, HELD
 from .locks.keys import KeySpec, build_key, check_template
 from .messages import MAX_RECORDED_PAYLOAD
+from .postpone import postpone
 from .states import TaskState
 from .store import Transition
 
@@ -47,10 +48,6 @@ _token: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "celery_recovery_fencing_token", default=None
 )
 _unstorable_said: set[str] = set()
-
-
-class LockUnavailableError(RecoveryError):
-    """Redis could not be asked for an idempotency lock; the body did not run."""
 
 
 def current_fencing_token() -> int | None:
@@ -150,11 +147,7 @@ def recoverable(
                     retry_countdown,
                     key,
                 )
-                raise task.retry(
-                    countdown=retry_countdown,
-                    max_retries=request.retries + 1,
-                    exc=LockUnavailableError(f"idempotency lock {key!r} unavailable: {exc}"),
-                ) from None
+                postpone(recovery, task, retry_countdown, f"idempotency lock {key!r} unavailable")
             metrics.lock_acquisition(got.outcome)
             if got.outcome == DONE:
                 logger.info(
@@ -174,8 +167,7 @@ def recoverable(
                         got.holder,
                     )
                     return None
-                # Always allowed (Celery's None would mean the task's own max_retries).
-                raise task.retry(countdown=retry_countdown, max_retries=request.retries + 1)
+                postpone(recovery, task, retry_countdown, f"key {key!r} is held by {got.holder}")
             request.idempotency_key, request.fencing_token = key, got.token
             recovery.runtime.write(
                 "transition",

@@ -28,6 +28,7 @@ from ..deferral import was_deferred
 from ..errors import LostWorkerError
 from ..execution import check_delivery, was_dropped
 from ..messages import record_from_request, try_number_of
+from ..postpone import was_postponed
 from ..recovery import recovery_for_app
 from ..states import TaskState
 from ..store import Transition
@@ -121,9 +122,9 @@ def on_postrun(
         return
     if was_dropped(task_id):
         return  # a stale delivery: the try's record belongs to the run that was not stale
-    if was_deferred(task_id):
+    if was_deferred(task_id) or was_postponed(task_id):
         _started_at().pop(task_id, None)
-        return  # defer() already moved the try to deferred
+        return  # the try was already moved to deferred, or back to queued
     new, reason = _OUTCOMES.get(
         state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
     )

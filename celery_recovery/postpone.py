@@ -1,0 +1,62 @@
+"""Run a delivery again later as the same try: the duplicate of a held idempotency key.
+
+``task.retry()`` would count the wait as a retry: the try number grows with
+every postponement, and a later genuine ``self.retry()`` could find
+``max_retries`` spent by waiting.  Instead the same message (same id, same
+``retries``) is published again with a countdown, the try goes back to
+``queued``, and the delivery ends with ``Ignore`` (acknowledged, no result).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore
+
+from .errors import StoreError
+from .messages import try_number_of
+from .states import TaskState
+from .timeutils import utcnow
+
+logger = logging.getLogger("celery_recovery.recoverable")
+
+_postponed = threading.local()
+
+
+def postpone(recovery: Any, task: Any, countdown: float, why: str) -> NoReturn:
+    """Publish this delivery again in ``countdown`` seconds as the same try; never returns."""
+    request = task.request
+    if request.is_eager:
+        # apply() has no broker to wait in: Celery's eager retry runs it again at once.
+        raise task.retry(countdown=countdown, max_retries=request.retries + 1)
+    now = utcnow()
+    runtime = recovery.runtime
+    try:
+        # Before the publish, so the next delivery finds the try queued, not running.
+        runtime.writer.flush(timeout=2.0)
+        recovery.store.transition(
+            request.id,
+            try_number_of(request),
+            TaskState.RUNNING,
+            TaskState.QUEUED,
+            queued_at=now,
+            eta=now + timedelta(seconds=countdown),
+            updated_at=now,
+            state_reason=f"postponed {countdown:g}s: {why}",
+        )
+    except StoreError as exc:
+        runtime.health.record_failure(exc, f"postponing {request.id}")
+    task.signature_from_request(request, countdown=countdown, retries=request.retries).apply_async()
+    _postponed.task_id = request.id
+    raise Ignore()
+
+
+def was_postponed(task_id: str) -> bool:
+    """True (once) when this thread's delivery of ``task_id`` was postponed."""
+    if getattr(_postponed, "task_id", None) == task_id:
+        _postponed.task_id = None
+        return True
+    return False
