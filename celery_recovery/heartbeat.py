@@ -2,8 +2,9 @@
 
 One daemon thread per participating process (not per task) inserts the job
 row, then refreshes it every ``recovery_heartbeat_interval`` seconds.  While
-the store is failing it backs off with the process's :class:`StoreHealth`
-and keeps trying; the user's tasks never wait for it.
+the store is failing it keeps trying every interval (reporting through the
+process's :class:`StoreHealth`), so that it is seen alive as soon as the store
+answers again; the user's tasks never wait for it.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ class HeartbeatThread(threading.Thread):
 
     def run(self) -> None:
         while True:
-            if self.health.available():
-                self._beat()
+            # Beat even while the store is backing off: one tiny write per interval is
+            # the normal load, and after an outage every live process must be seen
+            # alive again within an interval, before a sweep judges it.
+            self._beat()
             if self.on_beat is not None:
                 try:
                     self.on_beat()

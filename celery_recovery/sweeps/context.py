@@ -36,6 +36,8 @@ class SweepReport:
     unserved_triggers: int = 0
     races_lost: int = 0
     errors: int = 0
+    #: Seconds left in which no process is judged dead (after a gap in sweeping).
+    heartbeat_grace: float = 0.0
     duration: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:

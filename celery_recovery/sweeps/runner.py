@@ -7,7 +7,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from .. import metrics
@@ -26,6 +26,11 @@ logger = logging.getLogger("celery_recovery.sweep")
 
 #: Name under which a finished sweep is recorded (read by the workers' fallback).
 SWEEP_COMPLETION = "sweep"
+#: Name under which the end of a heartbeat grace period is recorded.
+HEARTBEAT_GRACE = "heartbeat-grace"
+
+#: Steps that judge processes dead from their heartbeats; they wait out a grace.
+JUDGING_STEPS = frozenset({"zombies", "dead jobs"})
 
 STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
     ("zombies", sweep_zombies),
@@ -42,7 +47,11 @@ def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
     report = SweepReport()
     holder = f"{socket.gethostname()}:{os.getpid()}"
     ctx = SweepContext(recovery, now or utcnow(), report, holder)
+    with ctx.isolated("checking for a gap in sweeping"):
+        report.heartbeat_grace = _heartbeat_grace(ctx)
     for name, step in STEPS:
+        if name in JUDGING_STEPS and report.heartbeat_grace > 0:
+            continue
         with ctx.isolated(f"the {name} step"):
             step(ctx)
     with ctx.isolated("recording the sweep's completion"):
@@ -54,3 +63,37 @@ def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
     if report.errors or report.zombies or report.lost_messages or report.dead_jobs:
         logger.info("celery-recovery: sweep %s", report.as_dict())
     return report
+
+
+def _heartbeat_grace(ctx: SweepContext) -> float:
+    """Seconds left during which no process may be judged dead from its heartbeat.
+
+    When no sweep finished for longer than the zombie threshold, nobody was
+    watching, and most likely the store was down: every heartbeat is old
+    because no process could write it, not because they all died.  Judging
+    at once would retry tasks that still run.  So the first sweep after such
+    a gap starts a grace of two heartbeat intervals (heartbeats are tried
+    every interval even during an outage), in which every live process that
+    reaches the store beats again; those still silent after it are dead.
+    """
+    store = ctx.recovery.store
+    settings = ctx.recovery.settings
+    # Wall-clock time, like the completions it is compared with (a caller may
+    # sweep "as of" another time).
+    now = utcnow()
+    grace_until = store.last_completed(HEARTBEAT_GRACE)
+    if grace_until is not None and now < grace_until:
+        return (grace_until - now).total_seconds()
+    last = store.last_completed(SWEEP_COMPLETION)
+    if last is None or (now - last).total_seconds() <= settings.zombie_threshold:
+        return 0.0
+    grace = 2 * settings.heartbeat_interval
+    grace_until = now + timedelta(seconds=grace)
+    store.mark_completed(HEARTBEAT_GRACE, grace_until)
+    logger.warning(
+        "celery-recovery: no sweep finished for %.0fs (the store was down, or nothing swept); "
+        "no process is judged dead from its heartbeat until %s, so live ones can beat again",
+        (now - last).total_seconds(),
+        grace_until.isoformat(timespec="seconds"),
+    )
+    return grace
