@@ -247,8 +247,9 @@ def _validation() -> list[str]:
         f"- `{PREFIX}zombie_threshold` and `{PREFIX}health_check_threshold` are at least "
         f"{n} x `{PREFIX}heartbeat_interval`: one late heartbeat (a GC pause, a slow "
         "commit) must not make a live process look dead.",
-        f"- `{PREFIX}sweep_interval` is at most `{PREFIX}zombie_threshold`: otherwise "
-        "zombies would wait longer than the threshold promises.",
+        f"- `{PREFIX}sweep_interval` is at most `{PREFIX}zombie_threshold` and "
+        f"`{PREFIX}health_check_threshold`: otherwise zombies, dead beats and triggerers, "
+        "and the triggers they held, would wait longer than the thresholds promise.",
         f"- These relations are checked on the final values, presets included: "
         f"`{PREFIX}preset = 'aggressive'` with `{PREFIX}heartbeat_interval = 5` is refused.",
         f"- `{PREFIX}database_url` uses one of {schemes}; SQLite needs a file (an in-memory "

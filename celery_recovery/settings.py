@@ -414,9 +414,14 @@ def _check_relations(s: RecoverySettings) -> None:
                 f"heartbeat intervals ({PREFIX}heartbeat_interval={s.heartbeat_interval:g}s, "
                 f"so at least {floor:g}s): one late heartbeat would declare a live process dead"
             )
-    if s.sweep_interval > s.zombie_threshold:
-        raise ConfigurationError(
-            f"{PREFIX}sweep_interval={s.sweep_interval:g}s is longer than "
-            f"{PREFIX}zombie_threshold={s.zombie_threshold:g}s: zombies would wait longer than "
-            "the threshold promises; use a sweep interval at most the zombie threshold"
-        )
+    for name, what in (
+        ("zombie_threshold", "zombies"),
+        ("health_check_threshold", "dead beats and triggerers, and their orphaned triggers,"),
+    ):
+        threshold = getattr(s, name)
+        if s.sweep_interval > threshold:
+            raise ConfigurationError(
+                f"{PREFIX}sweep_interval={s.sweep_interval:g}s is longer than "
+                f"{PREFIX}{name}={threshold:g}s: {what} would wait longer than the threshold "
+                "promises; use a sweep interval at most the threshold"
+            )

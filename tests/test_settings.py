@@ -74,6 +74,14 @@ def test_sweep_interval_longer_than_zombie_threshold_is_refused():
         settings(sweep_interval=60)
 
 
+def test_sweep_interval_longer_than_health_check_threshold_is_refused():
+    # Orphaned triggers of a dead triggerer would wait longer than the threshold says.
+    with pytest.raises(
+        ConfigurationError, match="recovery_health_check_threshold=20s: dead beats and triggerers"
+    ):
+        settings(sweep_interval=25, zombie_threshold=60, health_check_threshold=20)
+
+
 def test_unknown_setting_suggests_the_near_match():
     with pytest.raises(ConfigurationError) as err:
         settings({"recovery_zombie_treshold": 40})
