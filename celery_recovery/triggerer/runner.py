@@ -277,3 +277,5 @@ class Triggerer:
             # Finished, moved to another triggerer, or given back to be finished later.
             for outcome in batch:
                 self.running.pop(outcome.trigger_id, None)
+            if owner is not None:
+                metrics.triggers_running(owner, len(self.running))

@@ -113,8 +113,11 @@ def test_bad_trigger_arguments_fail_at_defer_time_and_store_nothing(
 def test_a_trigger_that_blocks_the_loop_is_reported(
     client_app, store, start_worker, start_triggerer, tmp_path
 ):
+    from tests.metrics.scrape import free_port, scrape, value
+
     start_worker(concurrency=1)
-    triggerer = start_triggerer()
+    port = free_port()
+    triggerer = start_triggerer("--metrics-port", str(port))
     result = client_app.tasks["lifecycle.wait"].delay(str(tmp_path / "l"), 0.5, block=0.8)
     result.get(timeout=30)
     [trigger_name] = set(
@@ -129,3 +132,16 @@ def test_a_trigger_that_blocks_the_loop_is_reported(
         what="the total blocked time",
     )
     assert 0.7 <= float(total.group(1)) < 3
+    # The triggerer's metrics say the same.
+    samples = wait_for(
+        lambda: (
+            (m := scrape(port))
+            and value(m, "celery_recovery_trigger_events_total", kind="resumed") == 1
+            and m
+        ),
+        10,
+        what="the triggerer's metrics",
+    )
+    assert value(samples, "celery_recovery_triggerer_blocked_loop_warnings_total") == 1
+    job_id = triggerer.job_id(store)
+    assert value(samples, "celery_recovery_triggers_running", triggerer=job_id) == 0
