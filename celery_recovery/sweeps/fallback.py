@@ -4,12 +4,15 @@ Each worker process's heartbeat thread checks, once per sweep interval,
 when a sweep last finished.  If none has for ``3 x recovery_sweep_interval``
 (beat down, or no beat configured), the first process to take the
 ``sweep-fallback`` lease runs it; the lease's fencing token grows with each
-new holder, so only one process at a time sweeps this way.
+new holder, so only one process at a time sweeps this way.  The sweep runs
+in a thread of its own: a long pass (slow callbacks) must not hold up the
+heartbeat that proves this process alive.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -38,6 +41,7 @@ class SweepFallback:
         self._next_check = 0.0
         self._active = False
         self._own_completion: datetime | None = None
+        self._sweeping: threading.Thread | None = None
 
     def __call__(self) -> None:
         interval = self.recovery.settings.sweep_interval
@@ -75,5 +79,16 @@ class SweepFallback:
                 token,
             )
             self._active = True
-        run_sweep(self.recovery)
-        self._own_completion = store.last_completed(SWEEP_COMPLETION)
+        if self._sweeping is not None and self._sweeping.is_alive():
+            return  # the previous pass is still running
+        self._sweeping = threading.Thread(
+            target=self._sweep, name="celery-recovery-fallback-sweep", daemon=True
+        )
+        self._sweeping.start()
+
+    def _sweep(self) -> None:
+        try:
+            run_sweep(self.recovery)
+            self._own_completion = self.recovery.store.last_completed(SWEEP_COMPLETION)
+        except Exception:
+            logger.exception("celery-recovery: the fallback sweep failed; trying again later")
