@@ -18,7 +18,7 @@ from .cli_support import dead_after, store_of
 from .settings import RecoverySettings
 from .states import JobState, JobType, TaskState
 from .timeutils import utcnow
-from .urls import mask_url
+from .urls import mask_secrets, mask_url
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table."
@@ -324,8 +324,10 @@ def locks(ctx: click.Context, as_json: bool, limit: int) -> None:
     now = utcnow()
     try:
         rows = held_locks(settings.redis_url, now, limit)
-    except redis.RedisError as exc:
-        raise CLIError(f"cannot read locks from {mask_url(settings.redis_url)}: {exc}") from None
+    except (redis.RedisError, ValueError) as exc:
+        raise CLIError(
+            f"cannot read locks from {mask_url(settings.redis_url)}: {mask_secrets(str(exc))}"
+        ) from None
     columns = [
         Column("KEY", "key"),
         Column("HOLDER", "holder"),

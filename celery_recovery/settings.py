@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import ConfigurationError
-from .urls import mask_url, normalise_database_url
+from .urls import mask_secrets, mask_url, normalise_database_url
 
 PREFIX = "recovery_"
 ENV_PREFIX = "CELERY_RECOVERY_"
@@ -188,6 +188,15 @@ def _redis_url(key: str, value: Any) -> str | None:
             f"{key}={mask_url(str(value))!r} must be a Redis URL "
             "(redis://, rediss:// or unix://), or unset to use the broker URL when it is Redis"
         )
+    from redis.connection import parse_url
+
+    try:
+        parse_url(value)
+    except ValueError as exc:
+        # A bad port or db number would otherwise surface as a traceback at first use.
+        raise ConfigurationError(
+            f"{key}={mask_url(value)!r} is not a valid Redis URL: {mask_secrets(str(exc))}"
+        ) from None
     return value
 
 
