@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from .cli import CLIError, _settings, recovery
-from .cli_output import Column, age_seconds, emit, seconds_text, yes_no
+from .cli_output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
 from .cli_support import dead_after, store_of
 from .settings import RecoverySettings
 from .states import JobState, JobType, TaskState
@@ -24,7 +24,7 @@ json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table."
 )
 limit_option = click.option(
-    "--limit", default=500, show_default=True, type=click.IntRange(min=1), help="Rows at most."
+    "--limit", default=500, show_default=True, type=ROW_COUNT, help="Rows at most."
 )
 
 
@@ -247,9 +247,7 @@ def _job_row(job: dict[str, Any], now: datetime, settings: RecoverySettings) -> 
     "--state", type=click.Choice([s.value for s in TaskState]), help="Only tries in this state."
 )
 @click.option("--task-name", metavar="NAME", help="Only tries of this task name.")
-@click.option(
-    "--limit", default=50, show_default=True, type=click.IntRange(min=1), help="Rows at most."
-)
+@click.option("--limit", default=50, show_default=True, type=ROW_COUNT, help="Rows at most.")
 @json_option
 @click.pass_context
 def tasks(
