@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .cli import db
+from .cli_output import ROW_COUNT
 from .cli_support import store_of
 from .errors import ConfigurationError
 from .retention import DEFAULT_BATCH_SIZE, check_tables, clean, count_expired, parse_cutoff
@@ -33,7 +34,7 @@ from .timeutils import utcnow
     "--batch-size",
     default=DEFAULT_BATCH_SIZE,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=ROW_COUNT,
     help="Rows deleted per transaction.",
 )
 @click.pass_context

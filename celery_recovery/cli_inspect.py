@@ -13,18 +13,18 @@ from typing import Any
 import click
 
 from .cli import CLIError, _settings, recovery
-from .cli_output import Column, age_seconds, emit, seconds_text, yes_no
+from .cli_output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
 from .cli_support import dead_after, store_of
 from .settings import RecoverySettings
 from .states import JobState, JobType, TaskState
 from .timeutils import utcnow
-from .urls import mask_url
+from .urls import mask_secrets, mask_url
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table."
 )
 limit_option = click.option(
-    "--limit", default=500, show_default=True, type=click.IntRange(min=1), help="Rows at most."
+    "--limit", default=500, show_default=True, type=ROW_COUNT, help="Rows at most."
 )
 
 
@@ -247,9 +247,7 @@ def _job_row(job: dict[str, Any], now: datetime, settings: RecoverySettings) -> 
     "--state", type=click.Choice([s.value for s in TaskState]), help="Only tries in this state."
 )
 @click.option("--task-name", metavar="NAME", help="Only tries of this task name.")
-@click.option(
-    "--limit", default=50, show_default=True, type=click.IntRange(min=1), help="Rows at most."
-)
+@click.option("--limit", default=50, show_default=True, type=ROW_COUNT, help="Rows at most.")
 @json_option
 @click.pass_context
 def tasks(
@@ -324,8 +322,10 @@ def locks(ctx: click.Context, as_json: bool, limit: int) -> None:
     now = utcnow()
     try:
         rows = held_locks(settings.redis_url, now, limit)
-    except redis.RedisError as exc:
-        raise CLIError(f"cannot read locks from {mask_url(settings.redis_url)}: {exc}") from None
+    except (redis.RedisError, ValueError) as exc:
+        raise CLIError(
+            f"cannot read locks from {mask_url(settings.redis_url)}: {mask_secrets(str(exc))}"
+        ) from None
     columns = [
         Column("KEY", "key"),
         Column("HOLDER", "holder"),

@@ -8,6 +8,7 @@ says why it failed.
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 
@@ -70,6 +71,11 @@ def check(
     """
     if local and hostname:
         raise click.UsageError("give --hostname or --local, not both")
+    if threshold is not None and not math.isfinite(threshold):
+        # NaN compares false with every age: the probe would pass for a dead job.
+        raise click.BadParameter(
+            f"{threshold} is not a finite number of seconds", param_hint="--threshold"
+        )
     host = socket.gethostname() if local else hostname
     now = utcnow()
     with store_of(ctx) as (store, settings):

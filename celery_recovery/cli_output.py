@@ -16,6 +16,12 @@ from typing import Any
 
 import click
 
+#: Largest --limit / --batch-size accepted: far above any useful page, and within
+#: the 64-bit integers both databases bind.
+MAX_ROWS = 10_000_000
+#: ``--limit`` and ``--batch-size`` values: whole numbers from 1 to :data:`MAX_ROWS`.
+ROW_COUNT = click.IntRange(min=1, max=MAX_ROWS)
+
 #: Colour of a cell by its plain text, where the text carries a verdict.
 VERDICT_COLOURS = {
     "yes": "green",

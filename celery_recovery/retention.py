@@ -45,6 +45,24 @@ def parse_cutoff(value: str | float | timedelta | datetime, now: datetime) -> da
     """The cutoff for ``--before``: an ISO 8601 timestamp (naive means UTC), an age
     such as ``30d``, ``12h``, ``90m``, ``45s`` or ``2w``, a number of seconds, or a
     ``timedelta``/``datetime``.  A cutoff in the future is refused."""
+    try:
+        cutoff = _cutoff(value, now)
+    except (OverflowError, ValueError) as exc:
+        if isinstance(exc, ConfigurationError):
+            raise
+        raise ConfigurationError(
+            f"--before={value!r} is out of range ({exc}); give an age such as 30d "
+            "or a timestamp after year 1"
+        ) from None
+    if cutoff > now:
+        raise ConfigurationError(
+            f"--before={value!r} is in the future ({cutoff.isoformat()}); "
+            "retention only deletes history older than a past time"
+        )
+    return cutoff
+
+
+def _cutoff(value: str | float | timedelta | datetime, now: datetime) -> datetime:
     if isinstance(value, timedelta):
         cutoff = now - value
     elif isinstance(value, datetime):
@@ -61,11 +79,6 @@ def parse_cutoff(value: str | float | timedelta | datetime, now: datetime) -> da
                 "(e.g. 2024-05-01T00:00:00Z) nor an age (e.g. 30d, 12h, 90m)"
             )
         cutoff = parsed
-    if cutoff > now:
-        raise ConfigurationError(
-            f"--before={value!r} is in the future ({cutoff.isoformat()}); "
-            "retention only deletes history older than a past time"
-        )
     return cutoff
 
 

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from .errors import ConfigurationError
-from .urls import mask_url, normalise_database_url
+from .urls import mask_secrets, mask_url, normalise_database_url
 
 PREFIX = "recovery_"
 ENV_PREFIX = "CELERY_RECOVERY_"
@@ -81,7 +81,10 @@ def _duration(key: str, value: Any) -> float:
             f"{key}={value!r} is not a duration; give seconds (a positive number) or a timedelta"
         )
     elif isinstance(value, int | float):
-        result = float(value)
+        try:
+            result = float(value)
+        except OverflowError:  # an int too large for a float: certainly not a sane duration
+            result = float("inf")
     elif isinstance(value, str):
         try:
             result = float(value.strip())
@@ -104,7 +107,7 @@ def _count(key: str, value: Any) -> int:
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0")
     try:
         result = int(str(value).strip()) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0") from None
     if result < 0 or (isinstance(value, float) and value != result):
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 0")
@@ -160,7 +163,7 @@ def _preset(key: str, value: Any) -> str:
     """Preset name: one of the presets in :data:`celery_recovery.beat_schedules.PRESETS`."""
     from .beat_schedules.presets import PRESETS
 
-    if value not in PRESETS:
+    if not isinstance(value, str) or value not in PRESETS:
         allowed = ", ".join(repr(p) for p in PRESETS)
         raise ConfigurationError(f"{key}={value!r} is not a preset; allowed: {allowed}")
     return str(value)
@@ -188,6 +191,15 @@ def _redis_url(key: str, value: Any) -> str | None:
             f"{key}={mask_url(str(value))!r} must be a Redis URL "
             "(redis://, rediss:// or unix://), or unset to use the broker URL when it is Redis"
         )
+    from redis.connection import parse_url
+
+    try:
+        parse_url(value)
+    except ValueError as exc:
+        # A bad port or db number would otherwise surface as a traceback at first use.
+        raise ConfigurationError(
+            f"{key}={mask_url(value)!r} is not a valid Redis URL: {mask_secrets(str(exc))}"
+        ) from None
     return value
 
 

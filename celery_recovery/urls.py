@@ -18,19 +18,24 @@ SUPPORTED_SCHEMES = {
     "postgresql+psycopg": "postgresql+psycopg",
 }
 
-_PASSWORD_IN_URL = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)[^@\s]*(?P<at>@)")
+#: ``scheme://user:password@``: the password runs to the last ``@`` of the authority
+#: (an unencoded ``@`` in a password must not leave its tail visible).
+_PASSWORD_IN_URL = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)[^/\s]*(?P<at>@)")
+#: ``user:password@host`` with no scheme, as in a URL someone mistyped.
+_PASSWORD_WITHOUT_SCHEME = re.compile(r"(?P<head>(?:^|(?<=[\s'\"(]))[^:/@\s'\"]*:)[^/\s]*(?P<at>@)")
 
 
 def mask_url(url: str | URL) -> str:
     """The URL with any password replaced by ``***``, safe to print or log."""
     if isinstance(url, URL):
         return url.render_as_string(hide_password=True)
-    return _PASSWORD_IN_URL.sub(r"\g<head>***\g<at>", str(url))
+    return mask_secrets(str(url))
 
 
 def mask_secrets(text: str) -> str:
     """Mask every URL password found anywhere in ``text`` (for error messages)."""
-    return _PASSWORD_IN_URL.sub(r"\g<head>***\g<at>", text)
+    text = _PASSWORD_IN_URL.sub(r"\g<head>***\g<at>", text)
+    return _PASSWORD_WITHOUT_SCHEME.sub(r"\g<head>***\g<at>", text)
 
 
 def normalise_database_url(url: str, setting: str = "recovery_database_url") -> URL:
@@ -41,7 +46,8 @@ def normalise_database_url(url: str, setting: str = "recovery_database_url") -> 
     """
     try:
         parsed = make_url(url)
-    except ArgumentError:
+        parsed.port  # noqa: B018 - a port that is not a number fails here, not at connect
+    except (ArgumentError, ValueError):
         raise ConfigurationError(
             f"{setting}={mask_url(url)!r} is not a database URL; expected e.g. "
             "'sqlite:///celery_recovery.sqlite3' or "

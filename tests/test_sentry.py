@@ -42,17 +42,20 @@ class CapturingTransport(Transport):
         return [i.payload.json for e in self.envelopes for i in e.items if i.type == kind]
 
 
-@pytest.fixture
-def transport() -> Iterator[CapturingTransport]:
+def capturing_sentry(**options: Any) -> Iterator[CapturingTransport]:
+    """The real sentry-sdk, initialised with ``options``, sending to a CapturingTransport."""
     transport = CapturingTransport()
-    sentry_sdk.init(
-        dsn="https://key@sentry.invalid/1", transport=transport, default_integrations=False
-    )
+    sentry_sdk.init(dsn="https://key@sentry.invalid/1", transport=transport, **options)
     recovery_sentry._last_checkin.clear()
     yield transport
     sentry_sdk.get_client().close()
     sentry_sdk.get_global_scope().set_client(None)
     recovery_sentry._last_checkin.clear()
+
+
+@pytest.fixture
+def transport() -> Iterator[CapturingTransport]:
+    yield from capturing_sentry(default_integrations=False)
 
 
 @pytest.fixture

@@ -43,6 +43,11 @@ def build_key(
             f"idempotency_key={spec!r} of task {task_name!r} names {exc} which is not an "
             f"argument of the task; arguments: {names}"
         ) from None
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"idempotency_key={spec!r} of task {task_name!r} cannot be formatted with this "
+            f"call's arguments: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def check_template(func: Callable[..., Any], spec: KeySpec) -> None:
@@ -57,7 +62,13 @@ def check_template(func: Callable[..., Any], spec: KeySpec) -> None:
 
     params = inspect.signature(func).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    for _, field, _, _ in string.Formatter().parse(spec):
+    try:
+        parsed = list(string.Formatter().parse(spec))
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"idempotency_key={spec!r} is not a valid format string: {exc}"
+        ) from None
+    for _, field, _, _ in parsed:
         if field is None:
             continue
         name = field.split(".")[0].split("[")[0]

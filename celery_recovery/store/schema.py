@@ -47,24 +47,42 @@ class EncodedJSON(str):
     """A JSON document already encoded (in kombu's encoding), stored as it is."""
 
 
+class UnreadableJSON(str):
+    """A stored payload that is not JSON in kombu's encoding (written by hand, or
+    corrupted), read back as its raw text.  Nothing decodes it further: it is
+    never unpickled, and a try holding one is not published again."""
+
+
+def unreadable(*values: Any) -> bool:
+    """Whether any of ``values`` is a payload the store could not decode."""
+    return any(isinstance(v, UnreadableJSON) for v in values)
+
+
 class MessageJSON(TypeDecorator[Any]):
     """Message payloads as JSON text in kombu's encoding.
 
     Text rather than JSONB: payloads are written on the hot path and read
     back whole, so the server never needs to parse them.  Dates, UUIDs and
-    decimals round-trip as they do through Celery's JSON serializer.
+    decimals round-trip as they do through Celery's JSON serializer.  Text
+    that does not decode is returned as :class:`UnreadableJSON`, so one bad
+    row cannot make a whole query (and the sweep that runs it) fail.
     """
 
     impl = Text
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: Any) -> str | None:
-        if value is None or isinstance(value, EncodedJSON):
-            return value
+        if value is None or isinstance(value, EncodedJSON | UnreadableJSON):
+            return str(value) if isinstance(value, UnreadableJSON) else value
         return kombu_dumps(value)
 
     def process_result_value(self, value: Any, dialect: Any) -> Any:
-        return None if value is None else kombu_loads(value)
+        if value is None:
+            return None
+        try:
+            return kombu_loads(value)
+        except Exception:  # JSON errors, and kombu's typed values (dates, decimals) gone bad
+            return UnreadableJSON(value)
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -67,6 +67,15 @@ def deliver_callbacks(ctx: SweepContext) -> None:
 
 def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
     payload = row["payload"] or {}
+    if not isinstance(payload, dict):
+        # Not written by this package (not a JSON object): run nothing with it.
+        logger.error(
+            "celery-recovery: the %s callback row %s of %s is not a JSON object; dropped",
+            row["kind"],
+            row["id"],
+            row["task_id"],
+        )
+        return False
     task_id, try_number, kind = row["task_id"], row["try_number"], row["kind"]
     reason = payload.get("reason") or "worker lost"
     named = _EXCEPTIONS.get(payload.get("exception") or "")

@@ -16,6 +16,7 @@ from ..probe import Probe
 from ..republish import republish
 from ..states import TaskState
 from ..store import ResetPlan
+from ..store.schema import unreadable
 from ..store.store import MESSAGE_COLUMNS
 from .context import SweepContext
 
@@ -27,6 +28,8 @@ CELERY_DEFAULT_MAX_RETRIES = 3
 
 #: Columns copied from a try to the try that replaces it.
 _COPIED_COLUMNS = ("task_name", *MESSAGE_COLUMNS)
+#: Columns a new publish is built from; all must have decoded as JSON.
+_PAYLOAD_COLUMNS = ("args", "kwargs", "headers", "options")
 
 
 def take_backend_outcome(
@@ -76,7 +79,10 @@ def reset(
     """Retry or fail one try; returns ``"republished"``, ``"failed"`` or ``"lost race"``."""
     try_number = int(record["try_number"])
     max_retries = max_retries_of(ctx, record["task_name"])
-    if not record.get("republishable", True):
+    if unreadable(*(record.get(c) for c in _PAYLOAD_COLUMNS)):
+        new_state = TaskState.FAILED
+        reason = f"{why}; its stored message is not valid JSON, so it is not published again"
+    elif not record.get("republishable", True):
         new_state, reason = TaskState.FAILED, f"{why}; {record.get('republish_error')}"
     elif count_retries and max_retries is not None and try_number > max_retries:
         new_state, reason = TaskState.FAILED, f"{why}; max_retries ({max_retries}) exceeded"
@@ -140,10 +146,15 @@ def _callback_row(
         "payload": {
             "task_name": record["task_name"],
             "reason": reason,
-            "args": record.get("args") or [],
-            "kwargs": record.get("kwargs") or {},
+            "args": _readable(record.get("args"), []),
+            "kwargs": _readable(record.get("kwargs"), {}),
             "job_id": record.get("job_id"),
             "hostname": record.get("job_hostname") or record.get("worker_hostname"),
         },
         "created_at": ctx.now,
     }
+
+
+def _readable(value: Any, empty: Any) -> Any:
+    """A payload for a callback row: ``empty`` when the stored one could not be decoded."""
+    return empty if value is None or unreadable(value) else value

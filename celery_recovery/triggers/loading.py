@@ -17,6 +17,8 @@ from .base import BaseTrigger
 
 #: Always allowed: the built-in triggers.
 BUILTIN_PREFIX = "celery_recovery"
+#: Longest class path accepted (the length of the ``triggers.classpath`` column).
+MAX_CLASSPATH = 1000
 
 
 class TriggerLoadError(DeferralError):
@@ -40,10 +42,39 @@ def is_allowed(classpath: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def check_classpath(classpath: Any) -> None:
+    """Refuse anything but ``package.module.Class`` made of plain identifiers.
+
+    Empty parts (``a..b``), relative (``.a``) or path-like (``a/../b``) names,
+    dunder parts (``__main__``) and over-long paths never reach the importer.
+    """
+    if not isinstance(classpath, str) or "." not in classpath:
+        raise TriggerLoadError(f"trigger class path {_clip(classpath)} is not 'module.Class'")
+    if len(classpath) > MAX_CLASSPATH:
+        raise TriggerLoadError(
+            f"trigger class path {_clip(classpath)} is {len(classpath)} characters long, "
+            f"over the {MAX_CLASSPATH} allowed"
+        )
+    for part in classpath.split("."):
+        if not part.isidentifier() or (part.startswith("__") and part.endswith("__")):
+            raise TriggerLoadError(
+                f"trigger class path {_clip(classpath)} is not 'module.Class': "
+                f"{part!r} is not a plain Python name"
+            )
+
+
+def _clip(value: Any, width: int = 120) -> str:
+    """``repr(value)`` cut to ``width`` characters, so a planted value cannot flood a log."""
+    return _short(repr(value), width)
+
+
+def _short(text: str, width: int = 300) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def load_trigger(classpath: str, kwargs: Any, prefixes: tuple[str, ...]) -> BaseTrigger:
     """Rebuild a trigger; raises :class:`TriggerLoadError` saying why it cannot be."""
-    if not isinstance(classpath, str) or "." not in classpath:
-        raise TriggerLoadError(f"trigger class path {classpath!r} is not 'module.Class'")
+    check_classpath(classpath)
     if not is_allowed(classpath, prefixes):
         raise TriggerLoadError(
             f"trigger class {classpath!r} is outside the allowed modules "
@@ -57,15 +88,18 @@ def load_trigger(classpath: str, kwargs: Any, prefixes: tuple[str, ...]) -> Base
             f"cannot import trigger module {module_name!r}: {type(exc).__name__}: {exc}"
         ) from exc
     cls = getattr(module, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, BaseTrigger)):
+    if not (isinstance(cls, type) and issubclass(cls, BaseTrigger)) or cls is BaseTrigger:
         raise TriggerLoadError(f"{classpath!r} is not a BaseTrigger subclass")
     if not isinstance(kwargs, dict):
-        raise TriggerLoadError(f"trigger {classpath!r} kwargs {kwargs!r} are not a JSON object")
+        raise TriggerLoadError(
+            f"trigger {classpath!r} kwargs {_clip(kwargs)} are not a JSON object"
+        )
     try:
         return cls(**kwargs)
     except Exception as exc:
         raise TriggerLoadError(
-            f"cannot rebuild trigger {classpath!r} from {kwargs!r}: {type(exc).__name__}: {exc}"
+            f"cannot rebuild trigger {classpath!r} from {_clip(kwargs)}: "
+            f"{type(exc).__name__}: {_short(str(exc))}"
         ) from exc
 
 
@@ -84,6 +118,7 @@ def serialize_trigger(trigger: Any, prefixes: tuple[str, ...]) -> tuple[str, dic
         raise TriggerLoadError(
             f"{type(trigger).__name__}.serialize() must return (str, dict), got {result!r}"
         )
+    check_classpath(classpath)
     check_json(kwargs, f"{type(trigger).__name__} kwargs")
     if not is_allowed(classpath, prefixes):
         raise TriggerLoadError(

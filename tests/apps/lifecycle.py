@@ -212,6 +212,12 @@ def _register_tasks(app: Celery) -> None:
         """A bare TimeDeltaTrigger that completes the task from the triggerer."""
         defer(TimeDeltaTrigger(seconds, end_from_trigger=True, result={"slept": seconds}))
 
+    @app.task(shared=False, name="lifecycle.measure", max_retries=3)
+    def measure(blob, seconds=0.0):
+        """Takes a large argument (tests of oversized arguments); returns its length."""
+        time.sleep(seconds)
+        return len(blob)
+
     @app.task(shared=False, name="lifecycle.describe", serializer="pickle")
     def describe(value):
         return repr(value)
