@@ -167,7 +167,8 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | Non
     """Run the recovery sweep in this process (for deployments without beat).
 
     Each sweep checks in to the Sentry cron monitor celery-recovery-sweep
-    when sentry-sdk is initialised by the app.
+    when sentry-sdk is initialised by the app.  Without --loop the exit status
+    is 1 when a step of the pass failed (its report counts the errors).
 
     \b
     Example:
@@ -200,7 +201,8 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | Non
                 )
             )
         if not loop:
-            return
+            # For cron jobs and scripts: a pass that could not do all its work fails.
+            sys.exit(1 if swept.errors else 0)
         time.sleep(installed.settings.sweep_interval)
 
 

@@ -85,7 +85,7 @@ def test_cli_commands_with_an_unreachable_store_never_print_its_password(command
 def test_a_sweep_with_an_unreachable_store_logs_no_password(command, caplog):
     caplog.set_level(logging.DEBUG)
     result = invoke(["--app", APP, *command])
-    assert result.exit_code == 0
+    assert result.exit_code == 1  # a single pass that hit errors fails
     # Every step failed on the store, and said so without the password.
     errors = re.search(r'errors(?:=|": )(\d+)', result.output)
     assert errors is not None and int(errors.group(1)) >= 4, result.output
@@ -164,7 +164,7 @@ def test_the_installed_command_never_prints_the_password_on_stdout_or_stderr():
     runs.append(run_cli(["inspect", "locks"], {"CELERY_RECOVERY_REDIS_URL": BAD_PORT_REDIS}))
     for proc in runs:
         out, err = proc.communicate(timeout=60)
-        assert proc.returncode in (0, 2), (proc.args, out, err)
+        assert proc.returncode in (0, 1, 2), (proc.args, out, err)
         without_secret(out, err)
         if proc.args[-1] != "--json" and proc.args[-1] != "sweep":
             assert "Traceback" not in err, err
