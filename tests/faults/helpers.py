@@ -8,6 +8,7 @@ from typing import Any
 
 from celery_recovery import TaskState
 from celery_recovery.errors import StoreUnavailableError
+from tests.sweeps.helpers import sweep_until
 from tests.workers import WorkerProcess, wait_for
 
 
@@ -40,7 +41,10 @@ class TaskStream:
             i += 1
 
     def completed(self) -> int:
-        return sum(1 for r in list(self.results) if r.ready())
+        try:
+            return sum(1 for r in list(self.results) if r.ready())
+        except Exception:
+            return 0  # the result backend itself is the one restarting
 
     def wait_completed(self, more: int, timeout: float, what: str) -> None:
         """Wait until ``more`` further tasks completed: the workers are still processing."""
@@ -61,8 +65,13 @@ def final_states(store: Any, task_ids: list[str]) -> dict[str, str]:
     return states
 
 
-def wait_all_succeeded(store: Any, task_ids: list[str], timeout: float) -> float:
-    """Wait until every task's latest try is ``success`` in the store; seconds taken."""
+def wait_all_succeeded(
+    store: Any, task_ids: list[str], timeout: float, sweep_app: Any = None
+) -> float:
+    """Wait until every task's latest try is ``success`` in the store; seconds taken.
+
+    With ``sweep_app``, sweep as beat would meanwhile (lost messages are re-sent).
+    """
     began = time.monotonic()
     pending = list(task_ids)
 
@@ -72,9 +81,16 @@ def wait_all_succeeded(store: Any, task_ids: list[str], timeout: float) -> float
         return not pending
 
     try:
-        wait_for(done, timeout, interval=0.25, what="every task's record to be final")
+        if sweep_app is None:
+            wait_for(done, timeout, interval=0.25, what="every task's record to be final")
+        else:
+            sweep_until(sweep_app, done, timeout, "every task's record to be final")
     except AssertionError:
-        raise AssertionError(f"not final: {final_states(store, pending[:10])}") from None
+        history = {
+            t: [(r["try_number"], r["state"], r["state_reason"]) for r in store.tries(t)]
+            for t in pending[:5]
+        }
+        raise AssertionError(f"{len(pending)} not final: {history}") from None
     return time.monotonic() - began
 
 
