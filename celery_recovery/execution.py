@@ -44,6 +44,7 @@ logger = logging.getLogger("celery_recovery.execution")
 
 _GUARDED = "_celery_recovery_guarded"
 _dropped = threading.local()
+_IN_LIVE_JOB = "the try is running in live job"
 
 
 def install_stale_delivery_guard(recovery: Recovery) -> None:
@@ -79,7 +80,15 @@ def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
         return False
     # "Live" here means it beat within two intervals: a worker that died a moment
     # ago must not make us drop the broker's redelivery of its task.
-    why = _stale_because(view, try_number, 2 * recovery.settings.heartbeat_interval)
+    fresh = 2 * recovery.settings.heartbeat_interval
+    why = _stale_because(view, try_number, fresh)
+    if why is not None and why.startswith(_IN_LIVE_JOB):
+        try:
+            view = _settle_owner(recovery, task_id, try_number, view, fresh)
+        except StoreError as exc:
+            runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
+            return False
+        why = _stale_because(view, try_number, fresh)
     if why is None:
         return False
     logger.warning(
@@ -91,6 +100,31 @@ def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
     )
     _dropped.task_id = task_id
     return True
+
+
+def _settle_owner(
+    recovery: Recovery, task_id: str, try_number: int, view: dict[str, Any], fresh: float
+) -> dict[str, Any]:
+    """Wait until the job that runs the try proves alive (beats again) or dead.
+
+    A fresh heartbeat alone does not tell: RabbitMQ requeues a dead worker's
+    unacknowledged message the moment its connection closes, so the redelivery
+    arrives while the dead job's last beat is still fresh, on a host that cannot
+    see the process.  Dropping it would leave the try to the zombie sweep and an
+    adoption timeout (minutes); waiting at most ``fresh`` seconds settles it.
+    """
+    seen = view["job_heartbeat"]
+    deadline = time.monotonic() + fresh + recovery.settings.heartbeat_interval
+    while time.monotonic() < deadline:
+        time.sleep(recovery.settings.heartbeat_interval / 4)
+        now_view = recovery.store.delivery_view(task_id, try_number)
+        heartbeat = now_view["job_heartbeat"]
+        changed = (now_view["state"], now_view["job_id"]) != (view["state"], view["job_id"])
+        if changed or heartbeat != seen:
+            return now_view  # it moved on, or its owner beat again: alive
+        if heartbeat is None or utcnow() - heartbeat >= timedelta(seconds=fresh):
+            return now_view  # no beat for two intervals: the owner is dead
+    return recovery.store.delivery_view(task_id, try_number)
 
 
 def was_dropped(task_id: str, forget: bool = True) -> bool:
@@ -113,7 +147,7 @@ def _stale_because(view: dict[str, Any], try_number: int, fresh: float) -> str |
         heartbeat = view["job_heartbeat"]
         fresh_beat = heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=fresh)
         if fresh_beat and not _died_here(view.get("job_hostname"), view.get("job_pid")):
-            return f"the try is running in live job {view['job_id']}"
+            return f"{_IN_LIVE_JOB} {view['job_id']}"
     return None
 
 

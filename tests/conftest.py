@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kombu import Connection
 from sqlalchemy import create_engine, text
 
 from celery_recovery.recovery import recovery_for_app
@@ -20,7 +21,14 @@ from celery_recovery.store.engine import create_store_engine
 from celery_recovery.store.migrate import upgrade
 from celery_recovery.store.schema import metadata
 from tests.apps.lifecycle import create_app
-from tests.services import BACKEND_DB, BROKER_DB, PG_ADMIN_URL, REDIS_URL, require
+from tests.services import (
+    BACKEND_DB,
+    BROKER_DB,
+    PG_ADMIN_URL,
+    RABBITMQ_URL,
+    REDIS_URL,
+    require,
+)
 from tests.workers import ROOT, WorkerProcess
 
 #: Short timings so that tests observe heartbeats quickly.
@@ -105,8 +113,27 @@ def queue() -> str:
 
 
 @pytest.fixture
-def broker_urls(redis_service: str) -> tuple[str, str]:
-    return f"{redis_service}/{BROKER_DB}", f"{redis_service}/{BACKEND_DB}"
+def broker() -> str:
+    """The broker the test's app and workers use; tests parametrize it to run on both."""
+    return "redis"
+
+
+@pytest.fixture
+def broker_urls(
+    broker: str, queue: str, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, str]]:
+    """(broker, result backend): Redis for both, or RabbitMQ with a Redis result backend."""
+    redis_service = request.getfixturevalue("redis_service")
+    backend = f"{redis_service}/{BACKEND_DB}"
+    if broker == "redis":
+        yield f"{redis_service}/{BROKER_DB}", backend
+        return
+    assert broker == "rabbitmq", broker
+    require("RabbitMQ", RABBITMQ_URL, 5672)
+    yield RABBITMQ_URL, backend
+    # Celery declares the test's queue durable: do not leave it behind on the server.
+    with Connection(RABBITMQ_URL) as conn:
+        conn.default_channel.queue_delete(queue)
 
 
 @pytest.fixture
@@ -116,7 +143,10 @@ def make_client_app(broker_urls: tuple[str, str], queue: str) -> Iterator[Callab
 
     def make(store_url: str | None, **overrides: Any) -> Any:
         recovery = (
-            None if store_url is None else {"database_url": store_url, **FAST_SETTINGS, **overrides}
+            None
+            if store_url is None
+            else {"database_url": store_url, **lock_settings(broker_urls), **FAST_SETTINGS}
+            | overrides
         )
         app = create_app(*broker_urls, queue, recovery)
         apps.append(app)
@@ -146,7 +176,13 @@ def app_env(
         "RECOVERY_TEST_PLAIN": "1" if plain else "0",
         **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in FAST_SETTINGS.items()},
         **({"CELERY_RECOVERY_DATABASE_URL": store_url} if store_url else {}),
+        **{f"CELERY_RECOVERY_{k.upper()}": v for k, v in lock_settings(broker_urls).items()},
     }
+
+
+def lock_settings(broker_urls: tuple[str, str]) -> dict[str, str]:
+    """Idempotency locks default to a Redis broker; with RabbitMQ they use the backend's Redis."""
+    return {} if broker_urls[0].startswith("redis") else {"redis_url": broker_urls[1]}
 
 
 @pytest.fixture

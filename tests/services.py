@@ -17,6 +17,7 @@ REDIS_URL = os.environ.get("RECOVERY_TEST_REDIS", "redis://127.0.0.1:6379")
 #: sessions on one Redis need different numbers (each flushes its own at start).
 BROKER_DB = int(os.environ.get("RECOVERY_TEST_REDIS_DB", "9"))
 BACKEND_DB = BROKER_DB + 1
+RABBITMQ_URL = os.environ.get("RECOVERY_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 PG_ADMIN_URL = os.environ.get(
     "RECOVERY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

@@ -223,6 +223,13 @@ def _register_tasks(app: Celery) -> None:
         return repr(value)
 
 
+if os.environ.get("RECOVERY_TEST_HOSTNAME"):
+    # Tests run every worker on one machine; this one pretends to be on its own host.
+    import socket
+
+    _fake_host = os.environ["RECOVERY_TEST_HOSTNAME"]
+    socket.gethostname = lambda: _fake_host
+
 app = create_app(
     os.environ.get("RECOVERY_TEST_BROKER", "redis://127.0.0.1:6379/9"),
     os.environ.get("RECOVERY_TEST_BACKEND", "redis://127.0.0.1:6379/10"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+from kombu import Connection
 
 from celery_recovery import JobType, TaskState
 from celery_recovery.recovery import recovery_for_app
@@ -46,15 +47,27 @@ def test_success_whose_write_was_lost_is_reconciled_not_rerun(
     store.dispose()
 
 
+def delete_queued_messages(broker: str, url: str, queue: str) -> int:
+    """Make the broker lose every message waiting in ``queue``; how many it had."""
+    if broker == "redis":
+        return redis.Redis.from_url(url).delete(queue)
+    with Connection(url) as conn:
+        return conn.default_channel.queue_purge(queue)
+
+
+@pytest.mark.parametrize(
+    "store_url,broker",
+    [("sqlite", "redis"), ("postgresql", "redis"), ("postgresql", "rabbitmq")],
+    indirect=["store_url"],
+)
 def test_message_deleted_from_the_broker_is_published_again_and_completes(
-    make_client_app, store_url, store, start_worker, broker_urls, queue
+    make_client_app, store_url, store, start_worker, broker, broker_urls, queue
 ):
     client = make_client_app(store_url, queued_timeout=2)
     result = client.send_task("lifecycle.add", (20, 22))
     assert recovery_for_app(client).flush()
     # The message vanishes between publisher and worker.
-    broker = redis.Redis.from_url(broker_urls[0])
-    assert broker.delete(queue) == 1
+    assert delete_queued_messages(broker, broker_urls[0], queue) == 1
     start_worker()
 
     sweep_until(client, result.ready, 20, "the lost message to be re-sent and run")

@@ -1,0 +1,63 @@
+"""Redis (broker, result backend and lock store at once) restarted mid-run.
+
+Workers reconnect and keep processing; an in-flight ``@recoverable`` charge
+completes exactly once; every task ends ``success`` in the store.  Without
+persistence the restart also forgets every queued message and stored result:
+the lost-message sweep sends the forgotten messages again.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_recovery import JobType, TaskState
+from celery_recovery.store import Store
+from tests.faults.helpers import TaskStream, wait_all_succeeded
+from tests.sweeps.helpers import count, ledger_lines
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def broker_urls(private_redis):
+    """The test's app and workers use the private Redis for everything Redis does."""
+    return f"{private_redis.url}/0", f"{private_redis.url}/1"
+
+
+@pytest.mark.parametrize(
+    "private_redis", [True, False], ids=["aof", "no-persistence"], indirect=True
+)
+def test_redis_restart_mid_run_loses_nothing_and_charges_once(
+    private_redis, pg_url, make_client_app, start_worker, tmp_path
+):
+    # A short queued_timeout lets the test's sweeps re-send what a restart forgot.
+    client = make_client_app(pg_url, queued_timeout=3)
+    store = Store(pg_url)
+    for i in (1, 2):
+        start_worker(store_url=pg_url, name=f"w{i}")
+    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 4, what="the workers' jobs")
+    ledger = tmp_path / "ledger"
+    charge = client.send_task("lifecycle.charge", (str(ledger), "o1", 3))
+    wait_for(lambda: count(ledger, "run o1"), 15, what="the charge to start")
+
+    with TaskStream(client) as stream:
+        stream.wait_completed(20, 20, "tasks before the restart")
+        down = private_redis.restart()
+        stream.wait_completed(40, 40, f"workers to keep processing after a {down:.1f}s restart")
+    ids = [charge.id, *(r.id for r in stream.results)]
+    took = wait_all_succeeded(store, ids, 60, sweep_app=client)
+    # A message a worker had fetched but not acknowledged when its connection broke
+    # waits in Redis's unacked hash for the visibility timeout (an hour): the
+    # lost-message sweep re-sends it (as it does every forgotten one).
+    resent = sum(1 for task_id in ids if len(store.tries(task_id)) > 1)
+    print(f"redis down {down:.1f}s; {len(ids)} tasks final {took:.1f}s later, {resent} re-sent")
+
+    assert count(ledger, "run o1") == 1, ledger_lines(ledger)
+    if private_redis.persistent:
+        # The lock store kept the completed key: a duplicate returns the result unrun.
+        again = client.send_task("lifecycle.charge", (str(ledger), "o1", 3))
+        assert again.get(timeout=15)["order"] == "o1"
+        assert count(ledger, "run o1") == 1, ledger_lines(ledger)
+    assert store.tries(charge.id)[-1]["state"] == TaskState.SUCCESS
+    store.dispose()

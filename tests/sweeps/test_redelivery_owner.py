@@ -1,0 +1,52 @@
+"""A redelivery of a try that runs in a job with a fresh heartbeat: alive or dead?
+
+A fresh heartbeat alone does not tell (RabbitMQ requeues a dead worker's
+message within milliseconds), so the check waits until the owner beats again
+(alive: drop the copy) or stops beating for two intervals (dead: run it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from celery_recovery.execution import check_delivery, was_dropped
+from celery_recovery.recovery import recovery_for_app
+from celery_recovery.timeutils import utcnow
+from tests.conftest import FAST_SETTINGS
+from tests.sweeps.test_races import make_zombie
+
+INTERVAL = FAST_SETTINGS["heartbeat_interval"]
+
+
+def redelivery(task_id: str) -> SimpleNamespace:
+    request = SimpleNamespace(id=task_id, retries=0, delivery_info={"redelivered": True})
+    return SimpleNamespace(name="lifecycle.add", request=request)
+
+
+@pytest.mark.parametrize("owner_alive", [True, False], ids=["alive", "dead"])
+def test_redelivery_waits_for_the_owner_to_prove_alive_or_dead(client_app, store, owner_alive):
+    recovery = recovery_for_app(client_app)
+    make_zombie(store, "t1", job_id="owner", age=0.0)  # running, last beat just now
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(INTERVAL):
+            store.heartbeat("owner", utcnow())
+
+    beater = threading.Thread(target=beat, daemon=True)
+    if owner_alive:
+        beater.start()
+    began = time.monotonic()
+    try:
+        dropped = check_delivery(recovery, redelivery("t1"), "t1")
+    finally:
+        stop.set()
+    took = time.monotonic() - began
+    assert dropped is owner_alive
+    assert was_dropped("t1") is owner_alive
+    # Alive: settled by its next beat.  Dead: by two intervals without one.
+    assert took <= (1.5 if owner_alive else 3) * INTERVAL + 0.5, took
