@@ -57,7 +57,14 @@ def test_redis_restart_mid_run_loses_nothing_and_charges_once(
     if private_redis.persistent:
         # The lock store kept the completed key: a duplicate returns the result unrun.
         again = client.send_task("lifecycle.charge", (str(ledger), "o1", 3))
-        assert again.get(timeout=15)["order"] == "o1"
+        # Read the backend directly: the client's result subscription may not have
+        # been renewed after the restart (Celery's concern, not ours).
+        meta = wait_for(
+            lambda: (m := client.backend.get_task_meta(again.id))["status"] == "SUCCESS" and m,
+            15,
+            what="the duplicate's result",
+        )
+        assert meta["result"]["order"] == "o1"
         assert count(ledger, "run o1") == 1, ledger_lines(ledger)
     assert store.tries(charge.id)[-1]["state"] == TaskState.SUCCESS
     store.dispose()
