@@ -5,8 +5,9 @@ persistence, a purge, a transport that keeps unacknowledged messages only in
 a worker's memory, a worker SIGKILLed holding prefetched messages).  Only our
 publish-time record can tell "still queued" from "lost": the result backend
 reads ``PENDING`` for both.  For a later try the backend still shows what the
-earlier try left there (``RETRY``, or ``STARTED`` by a process now dead), which
-says nothing about this try either.
+earlier try left there (``RETRY``, or ``STARTED`` by a process now dead), or
+``DEFERRED`` for a resume published but never started, which say nothing
+about this try either.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from celery import states
 
 from .. import metrics, sentry
+from ..deferral import DEFERRED_STATE
 from ..probe import UNKNOWN, Probe, probe_many
 from ..states import JobType, TaskState
 from .context import SweepContext
@@ -76,11 +78,13 @@ def _handle(
 def _never_started(seen: Probe, live: set[tuple[Any, Any]]) -> bool:
     """Whether the backend's state leaves this overdue queued try unstarted.
 
-    ``PENDING``: nothing ever started.  ``RETRY``: the earlier try retried and
-    published this one (a start of this try would have stored ``STARTED``, or
-    its signals would have claimed it long before the timeout).  ``STARTED`` by
-    a process that is not a live worker: the earlier try, which died.
+    ``PENDING``: nothing ever started.  ``DEFERRED``: its trigger fired and the
+    resume was published (a started resume stores ``STARTED``).  ``RETRY``: the
+    earlier try retried and published this one (a start of this try would have
+    stored ``STARTED``, or its signals would have claimed it long before the
+    timeout).  ``STARTED`` by a process that is not a live worker: the earlier
+    try, which died.
     """
-    if seen.state in (states.PENDING, states.RETRY):
+    if seen.state in (states.PENDING, states.RETRY, DEFERRED_STATE):
         return True
     return seen.state == states.STARTED and (seen.hostname, seen.pid) not in live
