@@ -16,11 +16,16 @@ from sqlalchemy import create_engine, text
 
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store import Store
-from celery_recovery.store.engine import create_store_engine
-from celery_recovery.store.migrate import upgrade
 from celery_recovery.store.schema import metadata
 from tests.apps.lifecycle import create_app
-from tests.services import BACKEND_DB, BROKER_DB, PG_ADMIN_URL, REDIS_URL, require
+from tests.services import (
+    BACKEND_DB,
+    BROKER_DB,
+    PG_ADMIN_URL,
+    REDIS_URL,
+    create_pg_database,
+    require,
+)
 from tests.workers import ROOT, WorkerProcess
 
 #: Short timings so that tests observe heartbeats quickly.
@@ -55,18 +60,9 @@ def redis_service() -> str:
 def pg_database_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this test session, migrated to head."""
     require("PostgreSQL", PG_ADMIN_URL, 5432)
-    name = f"celery_recovery_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    engine = create_store_engine(url, for_migrations=True)
-    upgrade(engine)
-    engine.dispose()
+    url, drop = create_pg_database("celery_recovery_test")
     yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    drop()
 
 
 @pytest.fixture
