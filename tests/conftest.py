@@ -102,6 +102,11 @@ def queue() -> str:
 
 @pytest.fixture
 def broker_urls(redis_service: str) -> tuple[str, str]:
+    import redis
+
+    # Tests reuse task ids such as "t1": a result one test stored (the sweep stores the
+    # failures it decides) must not answer another test's probe of the backend.
+    redis.Redis.from_url(f"{redis_service}/{BACKEND_DB}").flushdb()
     return f"{redis_service}/{BROKER_DB}", f"{redis_service}/{BACKEND_DB}"
 
 
