@@ -22,6 +22,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -343,7 +344,6 @@ def check(
     runs_of: Counter[tuple[str, str]] = Counter((r[0], r[2]) for r in runs)
     duplicates = sum(n for (_, phase), n in runs_of.items() if phase == "duplicate")
     final_state = {t: rows[-1][2] for t, rows in by_task.items()}
-    keys = {p.task_id: p.key for p in planned}
     for p in planned:
         succeeded = final_state.get(p.task_id) == "success"
         if p.kind == "idempotent" and succeeded and p.key not in effects:
@@ -417,7 +417,10 @@ def check(
         "retry_callbacks_not_once": len(retry_wrong),
         "sweep_errors": len(log_problems),
         "max_recovery_seconds": round(max(recovery_times), 1) if recovery_times else None,
-        "idempotent_effects": sum(1 for p in planned if keys[p.task_id] in effects),
+        "median_recovery_seconds": (
+            round(statistics.median(recovery_times), 1) if recovery_times else None
+        ),
+        "idempotent_effects": sum(1 for p in planned if p.key in effects),
         "violations": violations,
     }
 
