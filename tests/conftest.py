@@ -17,8 +17,6 @@ from sqlalchemy import create_engine, text
 
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store import Store
-from celery_recovery.store.engine import create_store_engine
-from celery_recovery.store.migrate import upgrade
 from celery_recovery.store.schema import metadata
 from tests.apps.lifecycle import create_app
 from tests.services import (
@@ -27,6 +25,7 @@ from tests.services import (
     PG_ADMIN_URL,
     RABBITMQ_URL,
     REDIS_URL,
+    create_pg_database,
     require,
 )
 from tests.workers import ROOT, WorkerProcess
@@ -63,18 +62,9 @@ def redis_service() -> str:
 def pg_database_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this test session, migrated to head."""
     require("PostgreSQL", PG_ADMIN_URL, 5432)
-    name = f"celery_recovery_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    engine = create_store_engine(url, for_migrations=True)
-    upgrade(engine)
-    engine.dispose()
+    url, drop = create_pg_database("celery_recovery_test")
     yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    drop()
 
 
 @pytest.fixture
@@ -123,8 +113,13 @@ def broker_urls(
     broker: str, queue: str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[str, str]]:
     """(broker, result backend): Redis for both, or RabbitMQ with a Redis result backend."""
+    import redis
+
     redis_service = request.getfixturevalue("redis_service")
     backend = f"{redis_service}/{BACKEND_DB}"
+    # Tests reuse task ids such as "t1": a result one test stored (the sweep stores the
+    # failures it decides) must not answer another test's probe of the backend.
+    redis.Redis.from_url(backend).flushdb()
     if broker == "redis":
         yield f"{redis_service}/{BROKER_DB}", backend
         return

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 import pytest
@@ -43,3 +45,27 @@ def require(name: str, url: str, default_port: int) -> None:
     if in_ci():
         pytest.fail(f"{message} (CI=true: service tests must not be skipped)", pytrace=False)
     pytest.skip(f"{message}; start it to run this test")
+
+
+def create_pg_database(prefix: str) -> tuple[str, Callable[[], None]]:
+    """A new PostgreSQL database migrated to head: its URL, and a function that drops it."""
+    from sqlalchemy import create_engine, text
+
+    from celery_recovery.store.engine import create_store_engine
+    from celery_recovery.store.migrate import upgrade
+
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    engine = create_store_engine(url, for_migrations=True)
+    upgrade(engine)
+    engine.dispose()
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return url, drop

@@ -42,10 +42,13 @@ class LeaseRenewer:
     def _run(self) -> None:
         while True:
             with self._lock:
-                leases = [(k, v, ttl) for k, (v, ttl) in self._held.items()]
-            interval = min((ttl for _, _, ttl in leases), default=30.0) / 3
-            self._wake.wait(interval)
+                ttls = [ttl for _, ttl in self._held.values()]
+            self._wake.wait(min(ttls, default=30.0) / 3)
             self._wake.clear()
+            # Read the leases after the wait: one dropped meanwhile (its task ended and
+            # released the key) must not be renewed, nor reported lost.
+            with self._lock:
+                leases = [(k, v, ttl) for k, (v, ttl) in self._held.items()]
             if not leases:
                 continue
             try:
@@ -54,7 +57,7 @@ class LeaseRenewer:
                 logger.warning("celery-recovery: could not renew %d lease(s): %s", len(leases), exc)
                 continue
             for (key, value, _), still in zip(leases, held, strict=True):
-                if not still:
+                if not still and self._drop_if_held(key, value):
                     metrics.lease_lost()
                     logger.warning(
                         "celery-recovery: lease on idempotency key %r (%s) was lost; "
@@ -62,4 +65,11 @@ class LeaseRenewer:
                         key,
                         value,
                     )
-                    self.drop(key)
+
+    def _drop_if_held(self, key: str, value: str) -> bool:
+        """Drop ``key`` if this process still holds it as ``value``; whether it did."""
+        with self._lock:
+            if self._held.get(key, (None, 0.0))[0] != value:
+                return False  # released by its task while the renewal was in flight
+            del self._held[key]
+            return True

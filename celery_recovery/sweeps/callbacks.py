@@ -3,7 +3,8 @@
 A callback row is written in the same transaction that fails or retries the
 try (the outbox).  Delivery claims due rows under a lease (row locks with
 SKIP LOCKED on PostgreSQL), commits, and only then, with no transaction
-open, runs the task's ``on_failure`` (or ``on_retry``), Celery's
+open, stores a failure in the result backend (failures only; so that
+``AsyncResult.get()`` returns), runs the task's ``on_failure`` (or ``on_retry``), Celery's
 ``task_failure`` signal (failures only) and the listeners registered with
 :meth:`celery_recovery.Recovery.add_failure_listener`, each in a thread
 given ``recovery_callback_timeout`` seconds.  The row is deleted afterwards.
@@ -85,6 +86,12 @@ def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
     task = ctx.recovery.app.tasks.get(payload.get("task_name") or "")
     timeout = ctx.recovery.settings.callback_timeout
     ok = True
+    if kind == "failure":
+        # As a worker's own failure would, the result backend learns the outcome first:
+        # otherwise AsyncResult stays STARTED or PENDING and get() never returns.
+        # A stored SUCCESS is never overwritten, so a late real outcome still wins.
+        backend = ctx.recovery.app.backend
+        ok &= _run("result backend", timeout, backend.mark_as_failure, task_id, exc)
     if task is not None:
         handler = task.on_failure if kind == "failure" else task.on_retry
         ok &= _run(f"{task.name}.on_{kind}", timeout, handler, exc, task_id, args, kwargs, einfo)

@@ -2,8 +2,12 @@
 
 A message can vanish between publisher and worker (a broker restart without
 persistence, a purge, a transport that keeps unacknowledged messages only in
-a worker's memory).  Only our publish-time record can tell "still queued"
-from "lost": the result backend reads ``PENDING`` for both.
+a worker's memory, a worker SIGKILLed holding prefetched messages).  Only our
+publish-time record can tell "still queued" from "lost": the result backend
+reads ``PENDING`` for both.  For a later try the backend still shows what the
+earlier try left there (``RETRY``, or ``STARTED`` by a process now dead), or
+``DEFERRED`` for a resume published but never started, which say nothing
+about this try either.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from typing import Any
 from celery import states
 
 from .. import metrics, sentry
+from ..deferral import DEFERRED_STATE
 from ..probe import UNKNOWN, Probe, probe_many
-from ..states import TaskState
+from ..states import JobType, TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
 
@@ -24,19 +29,25 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
     lost = ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout)
     if not lost:
         return
+    live = {
+        (job["node_name"], job["pid"])
+        for job in ctx.recovery.store.live_jobs(ctx.now, settings.zombie_threshold, JobType.WORKER)
+    }
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
         seen = probe_many(ctx.recovery.app, [r["task_id"] for r in lost])
     for record in lost:
         with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
-            action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)))
+            action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)), live)
             if action in metrics.definitions.ACTIONS:
                 metrics.sweep_action("lost_message", action)
                 if action != "reconciled":  # a reconciled one ran: its message was not lost
                     sentry.capture_lost_message(record, action, ctx.now)
 
 
-def _handle(ctx: SweepContext, record: dict[str, Any], seen: Probe) -> str | None:
+def _handle(
+    ctx: SweepContext, record: dict[str, Any], seen: Probe, live: set[tuple[Any, Any]]
+) -> str | None:
     """Decide on one overdue queued try; returns what was done or None."""
     if seen.state == UNKNOWN:
         ctx.report.errors += 1
@@ -44,8 +55,8 @@ def _handle(ctx: SweepContext, record: dict[str, Any], seen: Probe) -> str | Non
     taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded")
     if taken is not None:
         return taken
-    if seen.state != states.PENDING:
-        return None  # started or retrying somewhere: its own signals will catch up
+    if not _never_started(seen, live):
+        return None  # started in a live worker: its own signals will catch up
     ctx.report.lost_messages += 1
     waited = int(ctx.recovery.settings.queued_timeout)
     publish_count = int(record.get("publish_count") or 1) + 1
@@ -62,3 +73,18 @@ def _handle(ctx: SweepContext, record: dict[str, Any], seen: Probe) -> str | Non
     elif result == "failed":
         ctx.report.failed += 1
     return result
+
+
+def _never_started(seen: Probe, live: set[tuple[Any, Any]]) -> bool:
+    """Whether the backend's state leaves this overdue queued try unstarted.
+
+    ``PENDING``: nothing ever started.  ``DEFERRED``: its trigger fired and the
+    resume was published (a started resume stores ``STARTED``).  ``RETRY``: the
+    earlier try retried and published this one (a start of this try would have
+    stored ``STARTED``, or its signals would have claimed it long before the
+    timeout).  ``STARTED`` by a process that is not a live worker: the earlier
+    try, which died.
+    """
+    if seen.state in (states.PENDING, states.RETRY, DEFERRED_STATE):
+        return True
+    return seen.state == states.STARTED and (seen.hostname, seen.pid) not in live

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -83,3 +84,32 @@ def test_lease_expires_when_nobody_renews(locks):
     key = f"exp-{uuid.uuid4().hex}"
     assert locks.acquire(key, "a", 0.3).outcome == ACQUIRED
     wait_for(lambda: locks.acquire(key, "b", 5).outcome == ACQUIRED, 3, what="expiry")
+
+
+def test_a_lease_its_task_released_is_not_reported_lost(locks, caplog):
+    """Found by the chaos run: every finished @recoverable task used to log 'was lost'."""
+    from celery_recovery.locks.renewal import LeaseRenewer
+
+    caplog.set_level("WARNING", logger="celery_recovery.locks")
+    renewer = LeaseRenewer(locks)
+    prefix = f"renew-{uuid.uuid4().hex}"
+    # Given tasks that, one after the other in a process, hold a key briefly and release it
+    for i in range(5):
+        got = locks.acquire(f"{prefix}-{i}", f"task-{i}", 3.0)
+        renewer.hold(f"{prefix}-{i}", got.value, 3.0)
+        time.sleep(0.1)  # the task body
+        renewer.drop(f"{prefix}-{i}")
+        assert locks.release(f"{prefix}-{i}", got.value, "null", 60)
+    # When a last key is held long enough to be renewed (its lease is pushed back up)
+    last = f"{prefix}-last"
+    got = locks.acquire(last, "task-last", 0.9)
+    renewer.hold(last, got.value, 0.9)
+    lock_key = locks.lock_key(last)
+    wait_for(lambda: locks.client.pttl(lock_key) < 700, 5, what="the lease to run down")
+    wait_for(lambda: locks.client.pttl(lock_key) > 800, 5, what="the lease to be renewed")
+    # Then no released key was reported lost
+    assert "was lost" not in caplog.text
+    # But a lease really taken away (expired, or taken by a newer attempt) still is
+    locks.client.delete(lock_key)
+    wait_for(lambda: "was lost" in caplog.text, 5, what="the lost lease to be reported")
+    assert last in caplog.text and f"{prefix}-0" not in caplog.text

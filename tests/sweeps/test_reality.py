@@ -85,6 +85,36 @@ def test_message_deleted_from_the_broker_is_published_again_and_completes(
     assert tries[1]["publish_count"] == 2
 
 
+@pytest.mark.parametrize("left_behind", ["RETRY", "STARTED"])
+def test_lost_message_of_a_later_try_is_published_again(
+    left_behind, make_client_app, pg_url, start_worker, broker_urls, queue
+):
+    """Found by the chaos run: a retry's message (or a reset's) prefetched by a worker
+    that was then SIGKILLed stayed queued forever, because the backend still showed what
+    the earlier try left there: RETRY, or STARTED by the dead process."""
+    store = Store(pg_url)
+    client = make_client_app(pg_url, queued_timeout=2)
+    result = client.send_task("lifecycle.add", (20, 22))
+    assert recovery_for_app(client).flush()
+    # Given a queued try whose message vanished, while the result backend still shows
+    # the earlier try's state
+    assert redis.Redis.from_url(broker_urls[0]).delete(queue) == 1
+    meta = {"hostname": "w9@gone", "pid": 999999} if left_behind == "STARTED" else None
+    client.backend.store_result(result.id, meta, left_behind)
+    start_worker(store_url=pg_url)
+
+    # When the sweep runs, Then the try is published again and completes
+    sweep_until(client, result.ready, 20, "the lost message to be re-sent and run")
+    assert result.get(timeout=5) == 42
+    tries = wait_for(
+        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        10,
+        what="try 2 to succeed",
+    )
+    assert "message lost" in tries[0]["state_reason"]
+    store.dispose()
+
+
 def test_lost_messages_are_failed_after_the_republish_bound(
     make_client_app, store_url, store, broker_urls, queue
 ):

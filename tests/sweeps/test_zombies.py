@@ -95,6 +95,11 @@ def test_exhausted_retries_fail_the_task_and_run_on_failure_once(
     failures = [line for line in ledger_lines(ledger) if line.startswith("on_failure")]
     assert failures == [f"on_failure LostWorkerError pid={_pid()}"]
     assert store.pending_callbacks() == []
+    # Found by the chaos run: the result backend used to say STARTED forever.
+    assert result.state == "FAILURE"
+    with pytest.raises(Exception, match="max_retries") as raised:
+        result.get(timeout=5)
+    assert type(raised.value).__name__ == "LostWorkerError"
 
 
 def _now():

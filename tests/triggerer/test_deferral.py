@@ -39,6 +39,41 @@ def test_trigger_event_resumes_the_task_in_its_method(
     assert store.list_triggers(result.id) == []
 
 
+def test_a_lost_resume_message_is_published_again_and_resumes(
+    make_client_app, store_url, store, start_worker, start_triggerer, broker_urls, queue, tmp_path
+):
+    """Found by the chaos run: a resume prefetched by a worker that was then SIGKILLed
+    left its try queued forever (the backend said DEFERRED, not PENDING)."""
+    import redis
+
+    from tests.sweeps.helpers import sweep_until
+
+    client = make_client_app(store_url, queued_timeout=2)
+    ledger = tmp_path / "ledger"
+    worker = start_worker(concurrency=1)
+    result = client.tasks["lifecycle.wait"].delay(str(ledger), 0.5)
+    wait_for(lambda: _state(store, result.id) == TaskState.DEFERRED, 20, what="deferred")
+    worker.stop()
+    # Given a resume the triggerer published, whose message is then lost
+    start_triggerer()
+    broker = redis.Redis.from_url(broker_urls[0])
+    wait_for(lambda: broker.llen(queue) == 1, 20, what="the resume message")
+    assert _state(store, result.id) == TaskState.QUEUED and broker.delete(queue) == 1
+    assert result.state == DEFERRED_STATE
+    start_worker(concurrency=1)
+    # When the sweep runs, Then the try is published again, resumes in its method once
+    sweep_until(client, result.ready, 30, "the lost resume to be re-sent and run")
+    assert result.get(timeout=5)["event"]["queue"] == "default"
+    # (on_retry: the sweep retried the try whose message was lost)
+    assert sorted(line.split()[0] for line in ledger_lines(ledger)) == [
+        "on_retry",
+        "resumed",
+        "start",
+    ]
+    tries = store.tries(result.id)
+    assert "message lost" in tries[0]["state_reason"]
+
+
 def test_task_success_event_completes_the_task_with_no_worker(
     client_app, store, start_worker, start_triggerer
 ):
