@@ -17,10 +17,10 @@ def test_chaos_run_loses_nothing_and_repeats_no_side_effect(
     pg_url: str, broker_urls: tuple[str, str], queue: str, tmp_path: Path
 ) -> None:
     # Given 3 workers, beat with the aggressive sweep and a triggerer, on PostgreSQL;
-    # When 120 tasks run while a worker is SIGKILLed every 3-6 s for 45 s (beat and the
+    # When 120 tasks run while a worker is SIGKILLed every 3-6 s for 35 s (beat and the
     # triggerer once each);
     summary = run_chaos(
-        ChaosConfig(tasks=120, seconds=45.0, quiesce_timeout=180.0),
+        ChaosConfig(tasks=120, seconds=35.0, quiesce_timeout=180.0),
         ChaosTarget(pg_url, *broker_urls, queue, tmp_path),
     )
     print(json.dumps(summary, indent=2, default=str))
