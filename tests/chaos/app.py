@@ -18,6 +18,7 @@ app = create_chaos_app(
     os.environ.get("RECOVERY_TEST_BACKEND", "redis://127.0.0.1:6379/10"),
     os.environ.get("RECOVERY_TEST_QUEUE", "celery"),
     {},
+    acks_late=os.environ.get("RECOVERY_TEST_ACKS_LATE") == "1",
 )
 if os.environ.get("CHAOS_BEAT") == "1":
     from celery_recovery.beat_schedules import recovery_beat_schedule

@@ -74,6 +74,13 @@ class ChaosTarget:
     backend: str
     queue: str
     workdir: Path
+    #: Acknowledge messages after the task (RabbitMQ then requeues a killed worker's).
+    acks_late: bool = False
+
+    @property
+    def lock_redis(self) -> str:
+        """The idempotency locks' Redis: the broker's, else the result backend's."""
+        return self.broker if self.broker.startswith("redis") else self.backend
 
 
 @dataclass
@@ -96,6 +103,8 @@ class Cluster:
             "RECOVERY_TEST_QUEUE": target.queue,
             "CELERY_RECOVERY_DATABASE_URL": target.store_url,
             "CELERY_RECOVERY_PRESET": "aggressive",
+            "CELERY_RECOVERY_REDIS_URL": target.lock_redis,
+            "RECOVERY_TEST_ACKS_LATE": "1" if target.acks_late else "0",
             "CHAOS_LEDGER_DSN": ledger_dsn(target.store_url),
         }
         self.workers: list[WorkerProcess] = []
@@ -442,7 +451,8 @@ def run_chaos(config: ChaosConfig, target: ChaosTarget) -> dict[str, Any]:
         target.broker,
         target.backend,
         target.queue,
-        {"database_url": target.store_url, "preset": "aggressive"},
+        {"database_url": target.store_url, "preset": "aggressive", "redis_url": target.lock_redis},
+        acks_late=target.acks_late,
     )
     cluster = Cluster(target, config)
     killer = Killer(cluster, config, rng)
@@ -475,7 +485,7 @@ def run_chaos(config: ChaosConfig, target: ChaosTarget) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.services import BACKEND_DB, BROKER_DB, REDIS_URL, create_pg_database
+    from tests.services import BACKEND_DB, BROKER_DB, RABBITMQ_URL, REDIS_URL, create_pg_database
 
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
     parser.add_argument("--tasks", type=int, default=1000)
@@ -485,6 +495,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: a new dir)")
     parser.add_argument("--keep-db", action="store_true", help="keep the store for inspection")
+    parser.add_argument(
+        "--broker",
+        choices=["redis", "rabbitmq"],
+        default="redis",
+        help="RabbitMQ (RECOVERY_TEST_RABBITMQ) with a Redis result backend, or Redis for both",
+    )
+    parser.add_argument("--acks-late", action="store_true", help="task_acks_late on every task")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path("/tmp") / f"chaos-{uuid.uuid4().hex[:8]}"
     url, drop = create_pg_database("celery_recovery_chaos")
@@ -499,10 +516,11 @@ def main(argv: list[str] | None = None) -> int:
             ),
             ChaosTarget(
                 url,
-                f"{REDIS_URL}/{BROKER_DB}",
+                RABBITMQ_URL if args.broker == "rabbitmq" else f"{REDIS_URL}/{BROKER_DB}",
                 f"{REDIS_URL}/{BACKEND_DB}",
                 f"chaos-{uuid.uuid4().hex[:8]}",
                 workdir,
+                acks_late=args.acks_late,
             ),
         )
     finally:

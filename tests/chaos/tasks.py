@@ -113,9 +113,11 @@ class ChaosTask(Task):
         )
 
 
-def create_chaos_app(broker: str, backend: str, queue: str, recovery: dict[str, Any]) -> Celery:
+def create_chaos_app(
+    broker: str, backend: str, queue: str, recovery: dict[str, Any], acks_late: bool = False
+) -> Celery:
     """The lifecycle tests' app configuration, with the chaos tasks, and celery-recovery."""
-    app = create_app(broker, backend, queue)
+    app = create_app(broker, backend, queue, acks_late=acks_late)
     _register_tasks(app)
     Recovery(app, **recovery)
     return app
