@@ -9,14 +9,14 @@ answers are testable without waiting.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection
 
-from ..states import JobState, JobType, TaskState
+from ..states import JobState, TaskState
 from .schema import jobs, task_records, triggers
+from .trigger_ops import live_triggerer
 
 #: The trigger columns an operator sees (the triggerer issue may add more; these are stable).
 TRIGGER_COLUMNS = (
@@ -29,15 +29,6 @@ TRIGGER_COLUMNS = (
     triggers.c.triggerer_id,
     triggers.c.created_at,
 )
-
-
-def _live_triggerer(now: datetime, threshold: float) -> Any:
-    """SQL condition: the joined ``jobs`` row is a running triggerer with a fresh heartbeat."""
-    return and_(
-        jobs.c.job_type == JobType.TRIGGERER.value,
-        jobs.c.state == JobState.RUNNING.value,
-        jobs.c.latest_heartbeat >= now - timedelta(seconds=threshold),
-    )
 
 
 class InspectOperations:
@@ -64,7 +55,7 @@ class InspectOperations:
                 or_(
                     triggers.c.triggerer_id.is_(None),
                     jobs.c.id.is_(None),
-                    ~_live_triggerer(now, threshold),
+                    ~live_triggerer(now, threshold),
                 )
             )
             .order_by(triggers.c.created_at, triggers.c.id)
@@ -79,18 +70,34 @@ class InspectOperations:
             select(triggers.c.queue)
             .distinct()
             .select_from(triggers.join(jobs, jobs.c.id == triggers.c.triggerer_id))
-            .where(_live_triggerer(now, threshold))
+            .where(live_triggerer(now, threshold))
         )
-        declared = select(jobs.c.queues).where(_live_triggerer(now, threshold))
+        declared = select(jobs.c.queues).where(live_triggerer(now, threshold))
         with self.transaction() as conn:
             served: set[str | None] = set(conn.execute(held).scalars())
             for queues in conn.execute(declared).scalars():
                 served.update(q for q in (queues or "").split(",") if q)
         return served
 
+    def waiting_queues(self, now: datetime, dead_after: float) -> dict[str, int]:
+        """Queues with triggers waiting, and how many, that no live triggerer serves."""
+        served = self.queues_served(now, dead_after)
+        stmt = (
+            select(triggers.c.queue, func.count())
+            .where(triggers.c.fired_at.is_(None))
+            .group_by(triggers.c.queue)
+        )
+        with self.transaction() as conn:
+            waiting: dict[str, int] = {}
+            for queue, count in conn.execute(stmt).all():
+                name = queue or "default"
+                if name not in served:
+                    waiting[name] = waiting.get(name, 0) + int(count)
+        return waiting
+
     def deferred_tries(self, now: datetime, threshold: float, limit: int = 500) -> list[dict]:
         """Tries in ``deferred`` with their trigger (if any) and whether its triggerer is live."""
-        live = _live_triggerer(now, threshold)
+        live = live_triggerer(now, threshold)
         stmt = (
             select(
                 task_records.c.task_id,

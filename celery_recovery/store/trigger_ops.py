@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, tuple_, update
+from sqlalchemy import and_, bindparam, delete, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from ..states import JobState, JobType, TaskState
@@ -127,11 +127,7 @@ class TriggerOperations:
         """Take up to ``limit`` triggers that no live triggerer holds, for ``owner``."""
         if limit <= 0:
             return []
-        live = select(jobs.c.id).where(
-            jobs.c.job_type == JobType.TRIGGERER.value,
-            jobs.c.state == JobState.RUNNING.value,
-            jobs.c.latest_heartbeat >= now - timedelta(seconds=dead_after),
-        )
+        live = select(jobs.c.id).where(live_triggerer(now, dead_after))
         conditions = [or_(triggers.c.triggerer_id.is_(None), triggers.c.triggerer_id.not_in(live))]
         if queues:
             conditions.append(triggers.c.queue.in_(list(queues)))
@@ -331,11 +327,7 @@ class TriggerOperations:
         self, now: datetime, grace: float, dead_after: float, limit: int = 500
     ) -> list[dict[str, Any]]:
         """Triggers whose timeout passed ``grace`` seconds ago and that no live triggerer holds."""
-        live = select(jobs.c.id).where(
-            jobs.c.job_type == JobType.TRIGGERER.value,
-            jobs.c.state == JobState.RUNNING.value,
-            jobs.c.latest_heartbeat >= now - timedelta(seconds=dead_after),
-        )
+        live = select(jobs.c.id).where(live_triggerer(now, dead_after))
         stmt = (
             select(triggers)
             .where(
@@ -364,34 +356,14 @@ class TriggerOperations:
         with self.transaction() as conn:
             return set(conn.execute(stmt).scalars())
 
-    def waiting_queues(self, now: datetime, dead_after: float) -> dict[str, int]:
-        """Queues with triggers waiting, and how many, that no live triggerer serves."""
-        served: set[str] = set()
-        for job in self._live_triggerers(now, dead_after):
-            served.update(q for q in (job["queues"] or "").split(",") if q)
-        stmt = (
-            select(triggers.c.queue, func.count())
-            .where(triggers.c.fired_at.is_(None))
-            .group_by(triggers.c.queue)
-        )
-        with self.transaction() as conn:
-            waiting: dict[str, int] = {}
-            for queue, count in conn.execute(stmt).all():
-                name = queue or "default"
-                if name not in served:
-                    waiting[name] = waiting.get(name, 0) + int(count)
-        return waiting
 
-    def _live_triggerers(self, now: datetime, dead_after: float) -> list[dict[str, Any]]:
-        stmt = select(jobs).where(
-            and_(
-                jobs.c.job_type == JobType.TRIGGERER.value,
-                jobs.c.state == JobState.RUNNING.value,
-                jobs.c.latest_heartbeat >= now - timedelta(seconds=dead_after),
-            )
-        )
-        with self.transaction() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+def live_triggerer(now: datetime, threshold: float) -> Any:
+    """SQL condition: the ``jobs`` row is a running triggerer with a fresh heartbeat."""
+    return and_(
+        jobs.c.job_type == JobType.TRIGGERER.value,
+        jobs.c.state == JobState.RUNNING.value,
+        jobs.c.latest_heartbeat >= now - timedelta(seconds=threshold),
+    )
 
 
 def _failure_callback(finish: Finish, record: Any, now: datetime) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..errors import StoreError
+from ..states import JobType
 
 if TYPE_CHECKING:
     from ..recovery import Recovery
@@ -50,6 +51,16 @@ class SweepContext:
     now: datetime
     report: SweepReport
     holder: str
+
+    def live_workers(self) -> dict[tuple[Any, Any], dict[str, Any]]:
+        """Worker jobs beating within the zombie threshold, by (node name, pid): what the
+        result backend's STARTED meta names."""
+        store = self.recovery.store
+        threshold = self.recovery.settings.zombie_threshold
+        return {
+            (job["node_name"], job["pid"]): job
+            for job in store.live_jobs(self.now, threshold, JobType.WORKER)
+        }
 
     @contextmanager
     def isolated(self, what: str) -> Iterator[None]:

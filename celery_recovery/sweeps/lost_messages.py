@@ -19,7 +19,7 @@ from celery import states
 from .. import metrics, sentry
 from ..deferral import DEFERRED_STATE
 from ..probe import UNKNOWN, Probe, probe_many
-from ..states import JobType, TaskState
+from ..states import TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
 
@@ -29,10 +29,7 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
     lost = ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout)
     if not lost:
         return
-    live = {
-        (job["node_name"], job["pid"])
-        for job in ctx.recovery.store.live_jobs(ctx.now, settings.zombie_threshold, JobType.WORKER)
-    }
+    live = ctx.live_workers()
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
         seen = probe_many(ctx.recovery.app, [r["task_id"] for r in lost])
@@ -46,7 +43,7 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
 
 
 def _handle(
-    ctx: SweepContext, record: dict[str, Any], seen: Probe, live: set[tuple[Any, Any]]
+    ctx: SweepContext, record: dict[str, Any], seen: Probe, live: dict[tuple[Any, Any], Any]
 ) -> str | None:
     """Decide on one overdue queued try; returns what was done or None."""
     if seen.state == UNKNOWN:
@@ -75,7 +72,7 @@ def _handle(
     return result
 
 
-def _never_started(seen: Probe, live: set[tuple[Any, Any]]) -> bool:
+def _never_started(seen: Probe, live: dict[tuple[Any, Any], Any]) -> bool:
     """Whether the backend's state leaves this overdue queued try unstarted.
 
     ``PENDING``: nothing ever started.  ``DEFERRED``: its trigger fired and the

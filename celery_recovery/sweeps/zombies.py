@@ -17,7 +17,7 @@ from celery import states
 
 from .. import metrics, sentry
 from ..probe import UNKNOWN, Probe, probe_many
-from ..states import JobType, TaskState
+from ..states import TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
 
@@ -31,10 +31,7 @@ def sweep_zombies(ctx: SweepContext) -> None:
     if not zombies:
         return
     ctx.report.zombies += len(zombies)
-    live = {
-        (job["node_name"], job["pid"]): job
-        for job in store.live_jobs(ctx.now, settings.zombie_threshold, JobType.WORKER)
-    }
+    live = ctx.live_workers()
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
         seen = probe_many(ctx.recovery.app, [z["task_id"] for z in zombies])

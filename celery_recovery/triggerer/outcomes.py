@@ -103,9 +103,6 @@ class OutcomeApplier:
     def __init__(self, recovery: Recovery) -> None:
         self.recovery = recovery
         self.store = recovery.store
-        #: Counters for reports, tests and metrics.
-        self.applied = {RESUME: 0, SUCCESS: 0, FAILURE: 0}
-        self.lost = 0
 
     def apply(self, owner: str, outcomes: list[Outcome]) -> set[int]:
         """Apply a batch; returns the ids of the triggers finished.
@@ -117,7 +114,6 @@ class OutcomeApplier:
             return set()
         firings = [self._firing(o) for o in outcomes]
         decided, to_publish = self.store.fire_triggers(owner, firings, utcnow())
-        self.lost += len(outcomes) - len(decided)
         done: list[Finish] = []
         retry_later: list[int] = []
         for outcome in outcomes:
@@ -135,7 +131,6 @@ class OutcomeApplier:
             # this one included, finishes them from the stored event later.
             self.store.release_triggers(owner, retry_later)
         for finish in done:
-            self.applied[finish.kind] += 1
             metrics.trigger_event(_metric_kind(finish))
         return {f.trigger_id for f in done}
 

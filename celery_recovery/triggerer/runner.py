@@ -67,7 +67,6 @@ class Triggerer:
         self.applier = OutcomeApplier(recovery)
         self.prefixes = allowed_prefixes(self.app, recovery.settings.trigger_allowed_modules)
         self.running: dict[int, asyncio.Task[None]] = {}
-        self.peak_running = 0
         self._events: asyncio.Queue[Outcome] = asyncio.Queue()
         self._unrecorded: list[Outcome] = []
         self._stopping: asyncio.Event | None = None
@@ -183,7 +182,6 @@ class Triggerer:
             return False
         for row in rows:
             self._start(row)
-        self.peak_running = max(self.peak_running, len(self.running))
         return len(rows) == free and free == CLAIM_BATCH
 
     def _drop_lost(self, held: set[int]) -> None:

@@ -79,3 +79,14 @@ def make_queued(store, task_id: str, queue: str = "unused", task_name: str = "li
             }
         ]
     )
+
+
+def running_try(store, task_id: str) -> dict:
+    """Wait until a try of ``task_id`` is recorded running; that try."""
+    from celery_recovery import TaskState
+
+    return wait_for(
+        lambda: next((t for t in store.tries(task_id) if t["state"] == TaskState.RUNNING), None),
+        15,
+        what=f"{task_id} to be running",
+    )

@@ -10,21 +10,13 @@ import pytest
 
 from celery_recovery import JobState, JobType, TaskState
 from tests.conftest import FAST_SETTINGS
-from tests.sweeps.helpers import count, ledger_lines, try_started
+from tests.sweeps.helpers import count, ledger_lines, running_try, try_started
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
-
-
-def running_try(store, task_id):
-    return wait_for(
-        lambda: next((t for t in store.tries(task_id) if t["state"] == TaskState.RUNNING), None),
-        15,
-        what="the task to run",
-    )
 
 
 def test_beat_scheduled_sweep_recovers_a_killed_worker(

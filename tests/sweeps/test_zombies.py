@@ -11,21 +11,20 @@ import pytest
 from celery_recovery import JobState, TaskState
 from celery_recovery.recovery import recovery_for_app
 from tests.conftest import FAST_SETTINGS
-from tests.sweeps.helpers import count, ledger_lines, run_concurrently, sweep_until, try_started
+from tests.sweeps.helpers import (
+    count,
+    ledger_lines,
+    run_concurrently,
+    running_try,
+    sweep_until,
+    try_started,
+)
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
-
-
-def running_try(store, task_id):
-    return wait_for(
-        lambda: next((t for t in store.tries(task_id) if t["state"] == TaskState.RUNNING), None),
-        15,
-        what=f"{task_id} to be running",
-    )
 
 
 # The two brokers lose and redeliver differently: Redis restores an unacknowledged
