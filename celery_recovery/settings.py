@@ -374,6 +374,18 @@ class RecoverySettings:
             lowered = key.lower()
             if lowered.startswith(PREFIX):
                 raw[_known(lowered[len(PREFIX) :], key)] = (key, value)
+        return cls._from_raw(raw, environ, overrides, broker_url)
+
+    @classmethod
+    def _from_raw(
+        cls,
+        raw: dict[str, tuple[str, Any]],
+        environ: Mapping[str, str] | None,
+        overrides: Mapping[str, Any] | None,
+        broker_url: str | None,
+    ) -> RecoverySettings:
+        """``raw`` maps names to (key as written, value) from the app's conf."""
+        raw = dict(raw)
         for key, value in (environ if environ is not None else os.environ).items():
             if key.startswith(ENV_PREFIX):
                 raw[_known(key[len(ENV_PREFIX) :].lower(), key)] = (key, value)
@@ -396,19 +408,33 @@ class RecoverySettings:
 
     @classmethod
     def from_app(cls, app: Any, **overrides: Any) -> RecoverySettings:
-        """Settings of a Celery app (``app.conf``), the environment and ``overrides``."""
-        conf = app.conf
-        keys = [k for k in conf if k.lower().startswith(PREFIX)]
-        broker = conf.broker_url or ""
-        return cls.from_sources({k: conf[k] for k in keys}, None, overrides, broker)
+        """Settings of a Celery app (``app.conf``), the environment and ``overrides``.
+
+        ``app.conf`` is read the way Celery reads its own settings: with
+        ``config_from_object(obj, namespace="CELERY")`` the keys are
+        ``CELERY_RECOVERY_*``.  A key that looks like ours but that the app's
+        namespace does not read is warned about, and refused when it names
+        another store than the one that would be used.
+        """
+        from .app_conf import read_app_conf, report_unread, spelling
+
+        values = read_app_conf(app)
+        spell = spelling(app)
+        raw = {_known(n, key, spell): (key, value) for n, (key, value) in values.read.items()}
+        settings = cls._from_raw(raw, None, overrides, app.conf.broker_url or "")
+        report_unread(app, values, settings.database_url)
+        return settings
 
 
-def _known(name: str, key: str) -> str:
+def _known(name: str, key: str, spell: Callable[[str], str] | None = None) -> str:
+    """``name`` if it is a setting, else an error naming ``key`` and the nearest setting,
+    written as ``spell(name)`` (the app's own spelling of our keys)."""
     if name in _SPECS:
         return name
+    spell = spell or (lambda known: PREFIX + known)
     close = difflib.get_close_matches(name, list(_SPECS), n=1, cutoff=0.6)
-    hint = f"; did you mean {_SPECS[close[0]].conf_key!r}?" if close else ""
-    allowed = ", ".join(spec.conf_key for spec in SETTINGS)
+    hint = f"; did you mean {spell(close[0])!r}?" if close else ""
+    allowed = ", ".join(spell(spec.name) for spec in SETTINGS)
     raise ConfigurationError(f"unknown setting {key!r}{hint} (known settings: {allowed})")
 
 

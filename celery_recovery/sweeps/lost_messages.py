@@ -56,12 +56,13 @@ def _handle(
         return None  # started in a live worker: its own signals will catch up
     ctx.report.lost_messages += 1
     waited = int(ctx.recovery.settings.queued_timeout)
+    since = _counted_from(record)
     publish_count = int(record.get("publish_count") or 1) + 1
     result = reset(
         ctx,
         record,
         expected_state=TaskState.QUEUED,
-        why=f"message lost: not started within {waited}s of being queued",
+        why=f"message lost: not started within {waited}s {since}",
         count_retries=False,
         publish_count=publish_count,
     )
@@ -70,6 +71,14 @@ def _handle(
     elif result == "failed":
         ctx.report.failed += 1
     return result
+
+
+def _counted_from(record: dict[str, Any]) -> str:
+    """What the queued timeout ran from: a delayed task's ETA, not its publish."""
+    eta, queued_at = record.get("eta"), record.get("queued_at")
+    if eta is not None and (queued_at is None or eta > queued_at):
+        return f"of its ETA {eta.isoformat(timespec='seconds')}"
+    return "of being queued"
 
 
 def _never_started(seen: Probe, live: dict[tuple[Any, Any], Any]) -> bool:
