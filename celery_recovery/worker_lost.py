@@ -99,13 +99,16 @@ def claim_counting_deaths(recovery: Recovery, task: Any, record: dict[str, Any])
     body is skipped (the message is acknowledged).
     """
     runtime = recovery.runtime
+    if not runtime.health.available():
+        runtime.record_start(record)  # the store is down: availability over counting
+        return False
     try:
         deaths = recovery.store.claim_counting_deaths(record)
     except StoreError as exc:
-        # Availability over counting: the claim goes the usual buffered way.
         runtime.health.record_failure(exc, f"claiming {record['task_id']}")
         runtime.record_start(record)
         return False
+    runtime.health.record_success()
     request = task.request
     allowed = runs_allowed(
         task.max_retries, int(request.retries or 0), recovery.settings.max_lost_runs
