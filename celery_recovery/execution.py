@@ -98,8 +98,14 @@ def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
         try_number,
         why,
     )
-    _dropped.task_id = task_id
+    drop_delivery(task_id)
     return True
+
+
+def drop_delivery(task_id: str) -> None:
+    """Skip the body of the delivery of ``task_id`` this thread is about to run
+    (its ``before_start`` raises ``Ignore``, and the message is acknowledged)."""
+    _dropped.task_id = task_id
 
 
 def _settle_owner(

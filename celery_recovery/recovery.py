@@ -109,7 +109,9 @@ class Recovery:
 
         It runs (from the sweep, under ``recovery_callback_timeout``) for every
         try a sweep failed (``kind="failure"``) or retried (``kind="retry"``)
-        because its worker or message was lost.  Usable as a decorator.
+        because its worker or message was lost, and for every try whose pool
+        process died under a live worker (failed, or retried by Celery's
+        ``task_retry_on_worker_lost``).  Usable as a decorator.
         """
         self.failure_listeners.append(listener)
         return listener

@@ -38,6 +38,9 @@ DEFAULT_ADOPTION_TIMEOUT = 600.0
 
 #: Times a lost message is published again before its task is failed.
 DEFAULT_MAX_REPUBLISH = 3
+#: Runs of one try that may end with the death of their process, for a task whose
+#: ``max_retries`` is None: as many as Celery's default ``max_retries`` (3) allows.
+DEFAULT_MAX_LOST_RUNS = 4
 #: Seconds one failure callback or listener may run before the sweep moves on.
 DEFAULT_CALLBACK_TIMEOUT = 30.0
 #: Triggers one triggerer process runs at once.
@@ -294,6 +297,16 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "`max_retries` instead.",
     ),
     SettingSpec(
+        "max_lost_runs",
+        DEFAULT_MAX_LOST_RUNS,
+        _positive_count,
+        "Runs of one try that may each end with the death of their process (its message "
+        "coming back, with `acks_late`) before the try is failed instead of run again, for "
+        "a task whose `max_retries` is None (Celery's retry for ever). A task with a "
+        "`max_retries` gets `max_retries + 1` runs in all, each death counting as a retry. "
+        "See docs/failure-modes.md.",
+    ),
+    SettingSpec(
         "callback_timeout",
         DEFAULT_CALLBACK_TIMEOUT,
         _duration,
@@ -343,6 +356,7 @@ class RecoverySettings:
     queued_timeout: float = DEFAULT_QUEUED_TIMEOUT
     adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
     max_republish: int = DEFAULT_MAX_REPUBLISH
+    max_lost_runs: int = DEFAULT_MAX_LOST_RUNS
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
     trigger_allowed_modules: tuple[str, ...] | None = None

@@ -10,6 +10,7 @@ make it the job at ``worker_ready``.  Clean shutdowns end the job as
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from celery import current_app
@@ -63,6 +64,13 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     metrics.serve_for_worker(recovery.settings, _runs_tasks_in_children(pool))
     if not _runs_tasks_in_children(pool):
         _start_worker_job(recovery, getattr(sender, "hostname", None))
+    else:
+        # The main process writes when a pool process dies: connect now, not then.
+        threading.Thread(
+            target=never_raises(recovery.store.ensure_ready),
+            name="celery-recovery-warm",
+            daemon=True,
+        ).start()
 
 
 @never_raises

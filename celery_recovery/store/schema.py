@@ -163,6 +163,13 @@ task_records = Table(
     Column("late_at", UTCDateTime),
     Column("idempotency_key", String(512)),
     Column("fencing_token", BigInteger),
+    Column(
+        "deaths",
+        Integer,
+        nullable=False,
+        server_default=text("0"),
+        comment="Runs of this try that ended with the death of their process",
+    ),
     Index(
         "ix_task_records_running_job",
         "job_id",
