@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Program
 from ..errors import StoreError, StoreSchemaError, StoreUnavailableError
 from ..states import JobState, TaskState
 from ..urls import mask_secrets, mask_url
+from .claim_ops import ClaimOperations
 from .engine import create_store_engine
 from .inspect_ops import InspectOperations
 from .migrate import ensure_schema
@@ -89,7 +90,9 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOperations):
+class Store(
+    SweepOperations, TriggerOperations, InspectOperations, RetentionOperations, ClaimOperations
+):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:

@@ -1,0 +1,84 @@
+"""Publish-once claims: the first process to claim a name publishes, the others do not.
+
+Mixed into :class:`~celery_recovery.store.Store`.  A claim is a row of the
+``leases`` table: held (``holder`` set, ``expires_at`` in the future) while its
+holder publishes, then completed (``completed_at`` set) for good.  A holder
+that dies between claiming and completing leaves a claim that expires, so a
+later contender can take it over: the work is never lost, only delayed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from sqlalchemy import and_, or_, select, update
+
+from .schema import leases
+
+
+class Claim(StrEnum):
+    """What :meth:`ClaimOperations.claim_once` found."""
+
+    WON = "won"  # the caller holds the claim: do the work, then complete it
+    DONE = "done"  # another holder completed it: the work is done
+    HELD = "held"  # another live holder is doing it now
+
+
+class ClaimOperations:
+    """Claims in the ``leases`` table (needs ``transaction`` and ``_insert`` of the store)."""
+
+    def claim_once(self, name: str, holder: str, now: datetime, ttl: float) -> Claim:
+        """Claim ``name`` for ``holder`` for ``ttl`` seconds, unless done or held elsewhere."""
+        expires = now + timedelta(seconds=ttl)
+        with self.transaction() as conn:  # type: ignore[attr-defined]
+            inserted = conn.execute(
+                self._insert(leases)  # type: ignore[attr-defined]
+                .values(name=name, holder=holder, token=1, expires_at=expires)
+                .on_conflict_do_nothing(index_elements=["name"])
+                .returning(leases.c.token)
+            ).first()
+            if inserted is not None:
+                return Claim.WON
+            # Compare-and-set: take over only a claim that is not done and whose holder
+            # let it expire (it died between claiming and completing).
+            taken = conn.execute(
+                update(leases)
+                .where(
+                    leases.c.name == name,
+                    leases.c.completed_at.is_(None),
+                    or_(leases.c.expires_at.is_(None), leases.c.expires_at < now),
+                )
+                .values(holder=holder, token=leases.c.token + 1, expires_at=expires)
+                .returning(leases.c.token)
+            ).first()
+            if taken is not None:
+                return Claim.WON
+            done = conn.execute(select(leases.c.completed_at).where(leases.c.name == name)).scalar()
+        return Claim.DONE if done is not None else Claim.HELD
+
+    def complete_claim(self, name: str, holder: str, now: datetime) -> bool:
+        """Mark ``name`` done for good; False when ``holder`` no longer held it."""
+        with self.transaction() as conn:  # type: ignore[attr-defined]
+            row = conn.execute(
+                update(leases)
+                .where(leases.c.name == name, leases.c.holder == holder)
+                .values(completed_at=now, expires_at=None)
+                .returning(leases.c.token)
+            ).first()
+        return row is not None
+
+    def release_claim(self, name: str, holder: str) -> None:
+        """Give up an undone claim (the work failed) so that a later contender may do it."""
+        with self.transaction() as conn:  # type: ignore[attr-defined]
+            conn.execute(
+                update(leases)
+                .where(
+                    and_(
+                        leases.c.name == name,
+                        leases.c.holder == holder,
+                        leases.c.completed_at.is_(None),
+                    )
+                )
+                .values(holder=None, expires_at=None)
+            )
