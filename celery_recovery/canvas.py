@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from celery.canvas import maybe_signature
 
 from .errors import StoreError
-from .store.claim_ops import Claim
+from .store.claim_ops import CLAIM_PREFIX, Claim
 from .timeutils import utcnow
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def install_chord_body_once(recovery: Recovery) -> None:
 
 def claim_name(unlock_task_id: str) -> str:
     """The store claim that guards the body publish of one chord's unlock task."""
-    return f"chord-body:{unlock_task_id}"
+    return f"{CLAIM_PREFIX}chord-body:{unlock_task_id}"
 
 
 def _wrap_unlock(cls: type, recovery: Recovery) -> None:

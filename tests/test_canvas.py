@@ -48,20 +48,28 @@ SHORT = 0.1
 
 def test_claim_once_lets_one_holder_publish(store) -> None:
     now = utcnow()
-    assert store.claim_once("chord-body:u1", "a", now, 30) is Claim.WON
-    assert store.claim_once("chord-body:u1", "b", now, 30) is Claim.HELD
-    assert store.complete_claim("chord-body:u1", "a", now)
-    assert store.claim_once("chord-body:u1", "b", now, 30) is Claim.DONE
+    assert store.claim_once("claim:chord-body:u1", "a", now, 30) is Claim.WON
+    assert store.claim_once("claim:chord-body:u1", "b", now, 30) is Claim.HELD
+    assert store.complete_claim("claim:chord-body:u1", "a", now)
+    assert store.claim_once("claim:chord-body:u1", "b", now, 30) is Claim.DONE
 
     # A holder that died before completing: its claim expires and is taken over.
-    assert store.claim_once("chord-body:u2", "a", now, 1) is Claim.WON
-    assert store.claim_once("chord-body:u2", "b", now + timedelta(seconds=2), 30) is Claim.WON
-    assert not store.complete_claim("chord-body:u2", "a", now)  # no longer its claim
+    assert store.claim_once("claim:chord-body:u2", "a", now, 1) is Claim.WON
+    assert store.claim_once("claim:chord-body:u2", "b", now + timedelta(seconds=2), 30) is Claim.WON
+    assert not store.complete_claim("claim:chord-body:u2", "a", now)  # no longer its claim
 
     # A publish that failed gives the claim back at once.
-    assert store.claim_once("chord-body:u3", "a", now, 30) is Claim.WON
-    store.release_claim("chord-body:u3", "a")
-    assert store.claim_once("chord-body:u3", "b", now, 30) is Claim.WON
+    assert store.claim_once("claim:chord-body:u3", "a", now, 30) is Claim.WON
+    store.release_claim("claim:chord-body:u3", "a")
+    assert store.claim_once("claim:chord-body:u3", "b", now, 30) is Claim.WON
+
+    # db clean deletes claims once done (or abandoned) before its cutoff, never other leases.
+    store.mark_completed("sweep", now)
+    assert store.claim_once("claim:chord-body:u4", "a", now, 0.5) is Claim.WON  # then died
+    cutoff = now + timedelta(seconds=1)
+    assert store.count_expired("claims", cutoff, now) == 2  # u1 done, u4 abandoned
+    assert store.delete_expired_batch("claims", cutoff, now, 10) == 2
+    assert store.last_completed("sweep") == now
 
 
 # -- real workers -----------------------------------------------------------------------

@@ -16,6 +16,9 @@ from sqlalchemy import and_, or_, select, update
 
 from .schema import leases
 
+#: Every claim's name starts with it (``db clean`` tells claims from other leases by it).
+CLAIM_PREFIX = "claim:"
+
 
 class Claim(StrEnum):
     """What :meth:`ClaimOperations.claim_once` found."""
@@ -29,7 +32,12 @@ class ClaimOperations:
     """Claims in the ``leases`` table (needs ``transaction`` and ``_insert`` of the store)."""
 
     def claim_once(self, name: str, holder: str, now: datetime, ttl: float) -> Claim:
-        """Claim ``name`` for ``holder`` for ``ttl`` seconds, unless done or held elsewhere."""
+        """Claim ``name`` for ``holder`` for ``ttl`` seconds, unless done or held elsewhere.
+
+        ``name`` starts with :data:`CLAIM_PREFIX` and is at most 64 characters.
+        """
+        if not name.startswith(CLAIM_PREFIX) or len(name) > 64:
+            raise ValueError(f"claim name {name!r}: must start with {CLAIM_PREFIX!r}, 64 chars max")
         expires = now + timedelta(seconds=ttl)
         with self.transaction() as conn:  # type: ignore[attr-defined]
             inserted = conn.execute(
