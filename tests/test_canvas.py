@@ -29,16 +29,21 @@ from celery_recovery.recovery import recovery_for_app
 from celery_recovery.republish import republish
 from celery_recovery.store.claim_ops import Claim
 from celery_recovery.timeutils import utcnow
+from tests.apps.canvas_tasks import RUNNING_KEY
 from tests.apps.lifecycle import create_app
 from tests.conftest import FAST_SETTINGS, lock_settings
 from tests.sweeps.helpers import sweep_until
 from tests.workers import wait_for
 
-#: A lost message is published again after this many seconds (the sweep runs here).
+#: With Redis, a dead worker's reserved messages are published again by the
+#: lost-message sweep after QUEUED_TIMEOUT (it runs here), and Redis restores the
+#: originals after VISIBILITY: later, so the original unlock message comes back stale.
 QUEUED_TIMEOUT = 4.0
-#: Redis restores a dead worker's unacknowledged messages after this many seconds:
-#: later than the lost-message sweep, so the original unlock message comes back stale.
 VISIBILITY = 8.0
+#: RabbitMQ requeues them at once: the lost-message sweep is only a backstop.  (Too
+#: short a timeout re-publishes messages the next worker holds prefetched but has
+#: not started: both copies run.)
+RABBITMQ_QUEUED_TIMEOUT = 15.0
 LONG = 1.5  # the phase a round kills: long on a first try only
 SHORT = 0.1
 
@@ -80,9 +85,9 @@ def _counter(broker_urls: tuple[str, str], round_name: str) -> str:
 
 
 def _counts(broker_urls: tuple[str, str], round_name: str) -> dict[str, int] | None:
-    """Completed runs per body and chain step, once no live process runs one."""
+    """Completed runs per body and chain step, once no live process runs any task."""
     client = redis.Redis.from_url(broker_urls[1])
-    for run in client.smembers(f"{round_name}:running"):
+    for run in client.smembers(RUNNING_KEY):
         if Path(f"/proc/{run.decode().rsplit(':', 1)[1]}").exists():
             return None  # still running (a killed run's pid is gone)
     keys = client.keys(f"{round_name}:done:*")
@@ -158,18 +163,21 @@ def canvas_env(
     result_backend = (
         broker_urls[1] if backend == "redis" else f"db+sqlite:///{tmp_path / 'results.sqlite3'}"
     )
-    visibility = VISIBILITY if broker_urls[0].startswith("redis") else None
+    on_redis = broker_urls[0].startswith("redis")
+    visibility = VISIBILITY if on_redis else None
+    queued_timeout = QUEUED_TIMEOUT if on_redis else RABBITMQ_QUEUED_TIMEOUT
     recovery = {
         "database_url": store_url,
         **lock_settings(broker_urls),
         **FAST_SETTINGS,
-        "queued_timeout": QUEUED_TIMEOUT,
+        "queued_timeout": queued_timeout,
     }
     app = create_app(broker_urls[0], result_backend, queue, recovery, visibility_timeout=visibility)
     app.backend.get_task_meta("create-the-result-tables-once")
     env = {
-        "CELERY_RECOVERY_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT),
+        "CELERY_RECOVERY_QUEUED_TIMEOUT": str(queued_timeout),
         "RECOVERY_TEST_BACKEND": result_backend,
+        "RECOVERY_TEST_RUNNING": broker_urls[1],
         **({"RECOVERY_TEST_VISIBILITY": str(visibility)} if visibility else {}),
     }
     yield app, {"store_url": store_url, "env": env, "concurrency": 4}
@@ -196,7 +204,9 @@ def test_canvas_survives_worker_kills(
     # Round 1: the worker dies while the header tasks (and first chain steps) run.
     counter = _counter(broker_urls, "header")
     results = _publish_round(app, counter, header=LONG, body=SHORT)
-    wait_for(lambda: _running(app, ("canvas.part",), 2), 20, what="header tasks running")
+    # Every pool process busy with a long task: none has just started one whose
+    # running claim is still in the worker's write buffer.
+    wait_for(lambda: _running(app, ("canvas.part",), 4), 20, what="header tasks running")
     victim.kill()
     victim = start_worker(name="w2", **options)
     sweep_until(app, lambda: _all_ready(results), 60, "every canvas of round 1 finished")
@@ -205,7 +215,8 @@ def test_canvas_survives_worker_kills(
     # Round 2: the next worker dies while the chord bodies and later chain steps run.
     counter = _counter(broker_urls, "body")
     results = _publish_round(app, counter, header=SHORT, body=LONG)
-    wait_for(lambda: _running(app, ("canvas.body",), 2), 20, what="chord bodies running")
+    long_ones = ("canvas.body", "canvas.step")  # both bodies and the chain's step 11
+    wait_for(lambda: _running(app, long_ones, 3), 20, what="chord bodies running")
     victim.kill()
     start_worker(name="w3", **options)
     sweep_until(app, lambda: _all_ready(results), 60, "every canvas of round 2 finished")

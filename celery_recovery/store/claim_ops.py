@@ -9,10 +9,13 @@ later contender can take it over: the work is never lost, only delayed.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from sqlalchemy import and_, or_, select, update
+from sqlalchemy.engine import Connection
 
 from .schema import leases
 
@@ -29,7 +32,13 @@ class Claim(StrEnum):
 
 
 class ClaimOperations:
-    """Claims in the ``leases`` table (needs ``transaction`` and ``_insert`` of the store)."""
+    """Store methods for publish-once claims, in the ``leases`` table."""
+
+    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _insert(self, table: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
 
     def claim_once(self, name: str, holder: str, now: datetime, ttl: float) -> Claim:
         """Claim ``name`` for ``holder`` for ``ttl`` seconds, unless done or held elsewhere.
@@ -39,9 +48,9 @@ class ClaimOperations:
         if not name.startswith(CLAIM_PREFIX) or len(name) > 64:
             raise ValueError(f"claim name {name!r}: must start with {CLAIM_PREFIX!r}, 64 chars max")
         expires = now + timedelta(seconds=ttl)
-        with self.transaction() as conn:  # type: ignore[attr-defined]
+        with self.transaction() as conn:
             inserted = conn.execute(
-                self._insert(leases)  # type: ignore[attr-defined]
+                self._insert(leases)
                 .values(name=name, holder=holder, token=1, expires_at=expires)
                 .on_conflict_do_nothing(index_elements=["name"])
                 .returning(leases.c.token)
@@ -67,7 +76,7 @@ class ClaimOperations:
 
     def complete_claim(self, name: str, holder: str, now: datetime) -> bool:
         """Mark ``name`` done for good; False when ``holder`` no longer held it."""
-        with self.transaction() as conn:  # type: ignore[attr-defined]
+        with self.transaction() as conn:
             row = conn.execute(
                 update(leases)
                 .where(leases.c.name == name, leases.c.holder == holder)
@@ -78,7 +87,7 @@ class ClaimOperations:
 
     def release_claim(self, name: str, holder: str) -> None:
         """Give up an undone claim (the work failed) so that a later contender may do it."""
-        with self.transaction() as conn:  # type: ignore[attr-defined]
+        with self.transaction() as conn:
             conn.execute(
                 update(leases)
                 .where(
