@@ -25,6 +25,7 @@ claims the body's dispatch there, so nothing is needed for them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from celery.canvas import maybe_signature
 
 from .errors import StoreError
-from .store.claim_ops import CLAIM_PREFIX, Claim
+from .store.claim_ops import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
 from .timeutils import utcnow
 
 if TYPE_CHECKING:
@@ -67,7 +68,11 @@ def install_chord_body_once(recovery: Recovery) -> None:
 
 def claim_name(unlock_task_id: str) -> str:
     """The store claim that guards the body publish of one chord's unlock task."""
-    return f"{CLAIM_PREFIX}chord-body:{unlock_task_id}"
+    name = f"{CLAIM_PREFIX}chord-body:{unlock_task_id}"
+    if len(name) <= CLAIM_NAME_MAX:
+        return name
+    # Celery's ids are UUIDs; a longer custom id is hashed to fit the column.
+    return f"{CLAIM_PREFIX}chord-body:{hashlib.sha256(unlock_task_id.encode()).hexdigest()[:40]}"
 
 
 def _wrap_unlock(cls: type, recovery: Recovery) -> None:

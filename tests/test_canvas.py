@@ -25,6 +25,7 @@ from celery import chain, chord, group
 from kombu import Connection
 
 from celery_recovery import TaskState
+from celery_recovery.canvas import claim_name
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.republish import republish
 from celery_recovery.store.claim_ops import Claim
@@ -75,6 +76,12 @@ def test_claim_once_lets_one_holder_publish(store) -> None:
     assert store.count_expired("claims", cutoff, now) == 2  # u1 done, u4 abandoned
     assert store.delete_expired_batch("claims", cutoff, now, 10) == 2
     assert store.last_completed("sweep") == now
+
+
+def test_claim_names_fit_the_leases_table_whatever_the_task_id() -> None:
+    assert claim_name("52ad0d5b-f034-4327-8a76-7f63cb1e4835").endswith("7f63cb1e4835")
+    long_a, long_b = claim_name("a" * 100), claim_name("b" * 100)
+    assert len(long_a) <= 64 and long_a.startswith("claim:") and long_a != long_b
 
 
 # -- real workers -----------------------------------------------------------------------

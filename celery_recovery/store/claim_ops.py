@@ -21,6 +21,8 @@ from .schema import leases
 
 #: Every claim's name starts with it (``db clean`` tells claims from other leases by it).
 CLAIM_PREFIX = "claim:"
+#: Longest claim name (the ``leases.name`` column).
+CLAIM_NAME_MAX = 64
 
 
 class Claim(StrEnum):
@@ -43,10 +45,14 @@ class ClaimOperations:
     def claim_once(self, name: str, holder: str, now: datetime, ttl: float) -> Claim:
         """Claim ``name`` for ``holder`` for ``ttl`` seconds, unless done or held elsewhere.
 
-        ``name`` starts with :data:`CLAIM_PREFIX` and is at most 64 characters.
+        ``name`` starts with :data:`CLAIM_PREFIX` and is at most :data:`CLAIM_NAME_MAX`
+        characters.
         """
-        if not name.startswith(CLAIM_PREFIX) or len(name) > 64:
-            raise ValueError(f"claim name {name!r}: must start with {CLAIM_PREFIX!r}, 64 chars max")
+        if not name.startswith(CLAIM_PREFIX) or len(name) > CLAIM_NAME_MAX:
+            raise ValueError(
+                f"claim name {name!r}: must start with {CLAIM_PREFIX!r}, "
+                f"{CLAIM_NAME_MAX} characters at most"
+            )
         expires = now + timedelta(seconds=ttl)
         with self.transaction() as conn:
             inserted = conn.execute(
