@@ -16,6 +16,12 @@ running in a live job.  Signals cannot skip a task body, so
 :func:`install_stale_delivery_guard` gives every task of the app a
 ``before_start`` that raises ``Ignore`` for a dropped delivery (and the
 ``__call__`` that runs a resumed try's method, see :mod:`.deferral`).
+
+Celery's built-in tasks are guarded too.  ``celery.chord_unlock`` retries
+itself until its chord's header is ready, each retry a new try of the same
+task id, so a restored copy of an earlier try is dropped as superseded; the
+chord body itself is published under a claim (see :mod:`.canvas`), which also
+covers two copies of the same try.
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_recovery.execution")
 
 _GUARDED = "_celery_recovery_guarded"
+#: Celery's built-in tasks (``celery.chord_unlock``, ``celery.map``...): guarded like the
+#: user's, since a stale copy of one repeats its work (an unlock publishes a chord body).
+BUILTIN_TASKS_PREFIX = "celery."
+OWN_TASKS_PREFIX = "celery_recovery."
 _dropped = threading.local()
 _IN_LIVE_JOB = "the try is running in live job"
 
@@ -53,8 +63,10 @@ def install_stale_delivery_guard(recovery: Recovery) -> None:
 
     def guard_all(*_: Any, **__: Any) -> None:
         for task in list(app.tasks.values()):
-            if not task.name.startswith(("celery.", "celery_recovery.")):
-                _guard(type(task))
+            if task.name.startswith(OWN_TASKS_PREFIX):
+                continue  # the sweeps: idempotent, and they must run when the store is odd
+            _guard(type(task))
+            if not task.name.startswith(BUILTIN_TASKS_PREFIX):
                 install_resume(type(task))
 
     if app.finalized:

@@ -65,6 +65,7 @@ class Recovery:
         #: Called for every try a sweep fails or retries (see add_failure_listener).
         self.failure_listeners: list[Callable[..., Any]] = []
         from . import signals
+        from .canvas import install_chord_body_once
         from .execution import install_stale_delivery_guard
         from .retention import register_clean_task
         from .sweeps.tasks import register_sweep_task
@@ -76,6 +77,7 @@ class Recovery:
         register_sweep_task(self)
         register_clean_task(self)
         install_stale_delivery_guard(self)
+        install_chord_body_once(self)
         logger.debug("celery-recovery installed on app %r, store %s", app.main, self.store)
 
     def __repr__(self) -> str:

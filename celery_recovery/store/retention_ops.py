@@ -15,14 +15,15 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, delete, exists, func, or_, select, tuple_
+from sqlalchemy import Table, and_, delete, exists, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from ..states import FINISHED_TASK_STATES, JobState, TaskState
-from .schema import callbacks, jobs, task_records, triggers
+from .claim_ops import CLAIM_PREFIX
+from .schema import callbacks, jobs, leases, task_records, triggers
 
 #: Tables ``db clean`` may purge, in the order it purges them.
-RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs")
+RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs", "claims")
 
 #: Try states that are still in flight and so never deleted.
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
@@ -55,6 +56,14 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
         # A row a sweep is delivering right now (claim not expired) is left alone.
         unclaimed = or_(callbacks.c.claimed_until.is_(None), callbacks.c.claimed_until < now)
         return callbacks, (callbacks.c.id,), (callbacks.c.created_at < cutoff, unclaimed)
+    if name == "claims":
+        # Publish-once claims (rows of the leases table): done ones, and ones whose
+        # holder died and that nobody took over, before the cutoff.
+        old = or_(
+            leases.c.completed_at < cutoff,
+            and_(leases.c.completed_at.is_(None), leases.c.expires_at < cutoff),
+        )
+        return leases, (leases.c.name,), (leases.c.name.startswith(CLAIM_PREFIX), old)
     raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
 
 

@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Program
 from ..errors import StoreError, StoreSchemaError, StoreUnavailableError
 from ..states import JobState, TaskState
 from ..urls import mask_secrets, mask_url
+from .claim_ops import ClaimOperations
 from .engine import create_store_engine
 from .forks import ForkGate
 from .inspect_ops import InspectOperations
@@ -99,7 +100,9 @@ class OutboxedTransition:
     callback: dict[str, Any]
 
 
-class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOperations):
+class Store(
+    SweepOperations, TriggerOperations, InspectOperations, RetentionOperations, ClaimOperations
+):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:

@@ -24,7 +24,7 @@ from celery_recovery import (
     defer,
     recoverable,
 )
-from tests.apps import triggers
+from tests.apps import canvas_tasks, triggers
 
 
 def create_app(
@@ -61,6 +61,7 @@ def create_app(
             "unacked_restore_throttle": 1,
         }
     _register_tasks(app)
+    canvas_tasks.register(app)
     if recovery is not None:
         Recovery(app, **recovery)
     return app

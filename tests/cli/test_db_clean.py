@@ -165,7 +165,13 @@ def test_beat_task_runs_the_same_retention(store, history):
     finally:
         installed.close()
         app.close()
-    assert report["deleted"] == {"callbacks": 2, "triggers": 2, "task_records": 4, "jobs": 2}
+    assert report["deleted"] == {
+        "callbacks": 2,
+        "triggers": 2,
+        "task_records": 4,
+        "jobs": 2,
+        "claims": 0,
+    }
     assert history["keep"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
     )
