@@ -19,10 +19,10 @@ from sqlalchemy import Table, delete, exists, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from ..states import FINISHED_TASK_STATES, JobState, TaskState
-from .schema import callbacks, jobs, task_records, triggers
+from .schema import audit_log, callbacks, jobs, task_records, triggers
 
 #: Tables ``db clean`` may purge, in the order it purges them.
-RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs")
+RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs", "audit_log")
 
 #: Try states that are still in flight and so never deleted.
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
@@ -55,6 +55,9 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
         # A row a sweep is delivering right now (claim not expired) is left alone.
         unclaimed = or_(callbacks.c.claimed_until.is_(None), callbacks.c.claimed_until < now)
         return callbacks, (callbacks.c.id,), (callbacks.c.created_at < cutoff, unclaimed)
+    if name == "audit_log":
+        # Decisions are history only: nothing refers to them.
+        return audit_log, (audit_log.c.id,), (audit_log.c.at < cutoff,)
     raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
 
 

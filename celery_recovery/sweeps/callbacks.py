@@ -26,6 +26,7 @@ from billiard.einfo import ExceptionInfo
 from celery.signals import task_failure
 
 from .. import metrics
+from ..audit import AuditAction, AuditReason, Decision
 from ..errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
 from .context import SweepContext
 
@@ -54,16 +55,25 @@ def deliver_callbacks(ctx: SweepContext) -> None:
                     row["try_number"],
                     row["attempts"] - 1,
                 )
-                store.delete_callback(row["id"], ctx.holder)
+                store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, "abandoned"))
                 metrics.callback_outcome(row["kind"], "abandoned")
                 continue
             ok = _deliver(ctx, row)
-            store.delete_callback(row["id"], ctx.holder)
+            store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, ok and "delivered"))
             if ok:
                 ctx.report.callbacks_delivered += 1
             else:
                 ctx.report.callbacks_failed += 1
             metrics.callback_outcome(row["kind"], "delivered" if ok else "failed")
+
+
+def _audit(ctx: SweepContext, row: dict[str, Any], outcome: str | bool) -> Decision:
+    """The audit row of a delivery: ``outcome`` is delivered, abandoned, or False (failed)."""
+    payload = row["payload"] if isinstance(row["payload"], dict) else {}
+    record = {**row, **payload, "job_hostname": payload.get("hostname")}
+    action = AuditAction(f"callback_{outcome or 'failed'}")
+    detail = f"{row['kind']} callback: {payload.get('reason') or 'worker lost'}"
+    return ctx.decision(action, AuditReason.CALLBACK_DUE, record, detail)
 
 
 def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
