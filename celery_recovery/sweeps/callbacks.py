@@ -70,7 +70,7 @@ def deliver_callbacks(ctx: SweepContext) -> None:
 def _audit(ctx: SweepContext, row: dict[str, Any], outcome: str | bool) -> Decision:
     """The audit row of a delivery: ``outcome`` is delivered, abandoned, or False (failed)."""
     payload = row["payload"] if isinstance(row["payload"], dict) else {}
-    record = {**row, **payload, "job_hostname": payload.get("hostname")}
+    record = {**row, "task_name": payload.get("task_name"), "job_id": payload.get("job_id")}
     action = AuditAction(f"callback_{outcome or 'failed'}")
     detail = f"{row['kind']} callback: {payload.get('reason') or 'worker lost'}"
     return ctx.decision(action, AuditReason.CALLBACK_DUE, record, detail)

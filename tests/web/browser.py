@@ -1,0 +1,96 @@
+"""A real headless browser for the console: Debian's chromium and its driver, never a download."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.services import in_ci
+from tests.workers import ROOT, wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def require_browser() -> None:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
+    if not missing:
+        return
+    message = f"{', '.join(missing)} missing (apt-get install -y chromium chromium-driver)"
+    if in_ci():
+        pytest.fail(f"{message}; CI=true: browser tests must not be skipped", pytrace=False)
+    pytest.skip(message)
+
+
+@contextmanager
+def browser(width: int = 1280, height: int = 900) -> Iterator[object]:
+    """Headless chromium driven through selenium, pointed at the system binaries."""
+    require_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={width},{height}",
+        "--hide-scrollbars",
+    ):
+        options.add_argument(flag)
+    os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must not fetch anything
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def served_console(store_url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``celery-recovery web`` as a real process on a free port; its base URL."""
+    import urllib.request
+
+    port = free_port()
+    command = [sys.executable, "-m", "celery_recovery.cli", "--database-url", store_url]
+    command += ["web", "--port", str(port)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/api/jobs", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            assert proc.poll() is None, log.read_text()
+            return False
+
+    try:
+        wait_for(up, 20, interval=0.2, what="the console to serve")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
