@@ -141,6 +141,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the scratch database (its URL is printed)"
+    )
     options = parser.parse_args()
 
     name = f"celery_recovery_bench_console_{uuid.uuid4().hex[:8]}"
@@ -207,8 +210,11 @@ def main() -> None:
             )
         )
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        if options.keep:
+            print(f"kept {url}")
+        else:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
 
 

@@ -63,6 +63,10 @@ class AuditReason(StrEnum):
     STALE_DELIVERY = "stale_delivery"
     #: A try failed by a sweep owes its ``on_failure`` / ``on_retry``.
     CALLBACK_DUE = "callback_due"
+    #: A deferred try's trigger failed (raised, or yielded a failure).
+    TRIGGER_FAILED = "trigger_failed"
+    #: A deferred try's ``defer(timeout=...)`` passed before its trigger fired.
+    TRIGGER_TIMEOUT = "trigger_timeout"
 
 
 #: Record keys that name the process that ran the try (a zombie query's join).

@@ -17,7 +17,8 @@ from sqlalchemy.engine import Connection
 
 from ..audit import Decision
 from ..states import JobState, JobType, TaskState
-from .schema import audit_log, callbacks, jobs, leases, task_records
+from .audit_ops import append_decision
+from .schema import callbacks, jobs, leases, task_records
 
 #: Extra age, in seconds, before a running try whose job row is missing counts as
 #: a zombie: the job may have been unable to register while the store was down.
@@ -39,12 +40,6 @@ class ResetPlan:
     dead_job_id: str | None = None
     #: The audit row, written only when the reset wins.
     audit: Decision | None = None
-
-
-def append_decision(conn: Connection, decision: Decision | None) -> None:
-    """Log ``decision`` in the transaction of ``conn`` (the one that applied it)."""
-    if decision is not None:
-        conn.execute(audit_log.insert().values(**decision.row()))
 
 
 class SweepOperations:

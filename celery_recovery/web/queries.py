@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, tuple_
@@ -103,8 +103,11 @@ class ConsoleQueries:
                     select(func.count()).select_from(callbacks)
                 ).scalar_one(),
             }
+            hour = _hour_of(audit_log.c.at, self.store.dialect)
             recent = conn.execute(
-                select(audit_log.c.at, audit_log.c.action).where(audit_log.c.at >= day_ago)
+                select(hour, audit_log.c.action, func.count())
+                .where(audit_log.c.at >= day_ago)
+                .group_by(hour, audit_log.c.action)
             ).all()
         by_type: dict[str, list[dict[str, Any]]] = {t.value: [] for t in JobType}
         for job in running_jobs:
@@ -125,9 +128,9 @@ class ConsoleQueries:
             },
             "counts": counts,
             "recoveries_per_hour": _per_hour(
-                now, [at for at, action in recent if action in RECOVERY_ACTIONS]
+                now, [(h, n) for h, action, n in recent if action in RECOVERY_ACTIONS]
             ),
-            "recoveries_last_day": dict(Counter(r[1] for r in recent)),
+            "recoveries_last_day": _by_action(recent),
         }
 
     # -- recoveries (the audit log) ---------------------------------------------
@@ -267,15 +270,8 @@ class ConsoleQueries:
                 triggers,
                 jobs.c.hostname.label("triggerer_hostname"),
                 jobs.c.pid.label("triggerer_pid"),
-                task_records.c.task_name,
             )
-            .select_from(
-                triggers.outerjoin(jobs, jobs.c.id == triggers.c.triggerer_id).outerjoin(
-                    task_records,
-                    (task_records.c.task_id == triggers.c.task_id)
-                    & (task_records.c.try_number == triggers.c.try_number),
-                )
-            )
+            .select_from(triggers.outerjoin(jobs, jobs.c.id == triggers.c.triggerer_id))
             .where(triggers.c.fired_at.is_(None))
             .order_by(triggers.c.id.desc())
             .limit(size + 1)
@@ -286,6 +282,19 @@ class ConsoleQueries:
             stmt = stmt.where(triggers.c.id < int(before))
         with self.store.reading() as conn:
             rows = [self._trigger(dict(r)) for r in conn.execute(stmt).mappings()]
+            # Names by primary key, for this page only (a join could scan every try).
+            keys = [(r["task_id"], r["try_number"]) for r in rows]
+            names = select(
+                task_records.c.task_id, task_records.c.try_number, task_records.c.task_name
+            )
+            key = tuple_(task_records.c.task_id, task_records.c.try_number)
+            found = (
+                {(r[0], r[1]): r[2] for r in conn.execute(names.where(key.in_(keys)))}
+                if keys
+                else {}
+            )
+        for row in rows:
+            row["task_name"] = found.get((row["task_id"], row["try_number"]))
         return _page(rows, size, lambda r: str(r["id"]))
 
     def callbacks(self, before: str | None = None, limit: int | None = None) -> Page:
@@ -347,9 +356,30 @@ def _try_cursor(before: str | None) -> tuple[datetime, str, int] | None:
         return None
 
 
-def _per_hour(now: datetime, moments: list[datetime]) -> list[dict[str, Any]]:
+def _hour_of(column: Any, dialect: str) -> Any:
+    """The UTC hour a timestamp falls in, computed by the database (grouped there)."""
+    if dialect == "postgresql":
+        return func.date_trunc("hour", func.timezone("UTC", column))
+    return func.strftime("%Y-%m-%d %H:00:00", column)
+
+
+def _as_hour(value: Any) -> datetime:
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return moment.replace(tzinfo=UTC)
+
+
+def _per_hour(now: datetime, counted: list[tuple[Any, int]]) -> list[dict[str, Any]]:
     """Decisions per hour over the last 24 hours, oldest hour first."""
     top = now.replace(minute=0, second=0, microsecond=0)
     hours = [top - timedelta(hours=23 - i) for i in range(24)]
-    counts = Counter(m.replace(minute=0, second=0, microsecond=0) for m in moments)
+    counts: Counter[datetime] = Counter()
+    for hour, n in counted:
+        counts[_as_hour(hour)] += int(n)
     return [{"hour": hour, "count": counts.get(hour, 0)} for hour in hours]
+
+
+def _by_action(counted: list[Any]) -> dict[str, int]:
+    totals: Counter[str] = Counter()
+    for _hour, action, n in counted:
+        totals[action] += int(n)
+    return dict(totals)
