@@ -38,6 +38,7 @@ def browser(width: int = 1280, height: int = 900) -> Iterator[object]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     for flag in (
         "--headless=new",
         "--no-sandbox",
@@ -61,19 +62,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: ``celery -A <the tests' app> recovery``: the console with the app's settings.
+CELERY_RECOVERY = [sys.executable, "-m", "celery", "-A", "tests.apps.lifecycle", "recovery"]
+
+
 @contextmanager
-def served_console(store_url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[str]:
-    """``celery-recovery web`` as a real process on a free port; its base URL."""
+def served_console(log: Path, env: dict[str, str], *options: str) -> Iterator[str]:
+    """``celery -A app recovery web`` as a real process on a free port; its base URL."""
     import urllib.request
 
     port = free_port()
-    command = [sys.executable, "-m", "celery_recovery.cli", "--database-url", store_url]
-    command += ["web", "--port", str(port)]
+    command = [*CELERY_RECOVERY, "web", "--port", str(port), *options]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             command,
             cwd=ROOT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -94,3 +98,8 @@ def served_console(store_url: str, log: Path, env: dict[str, str] | None = None)
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def console_errors(driver: object) -> list[str]:
+    """The browser console's errors since the last call (a CSP violation is one)."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from selenium.webdriver.common.by import By
 
 from celery_recovery.locks.redis_lock import IdempotencyLocks
+from celery_recovery.web.app import REFRESH_SECONDS
 from tests.cli.helpers import add_trigger, add_try
-from tests.conftest import FAST_SETTINGS
+from tests.conftest import FAST_SETTINGS, app_env
 from tests.services import BROKER_DB
 from tests.sweeps.helpers import running_try, sweep_until, try_started
-from tests.web.browser import browser, require_browser, served_console
+from tests.web.browser import browser, console_errors, require_browser, served_console
 from tests.workers import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
@@ -26,14 +28,12 @@ PAGES = ("overview", "recoveries", "task", "jobs", "deferred", "callbacks", "loc
 
 
 def text_of(driver, css: str) -> str:
-    from selenium.webdriver.common.by import By
-
     return driver.find_element(By.CSS_SELECTOR, css).text
 
 
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 def test_a_killed_workers_task_is_told_in_the_console(
-    client_app, store, store_url, start_worker, redis_service, tmp_path
+    client_app, store, store_url, start_worker, redis_service, broker_urls, queue, tmp_path
 ):
     require_browser()
     # Given a worker running a task, and a second one to take over
@@ -55,9 +55,8 @@ def test_a_killed_workers_task_is_told_in_the_console(
     lock = IdempotencyLocks.lock_key(key)
     redis.Redis.from_url(locks_url).set(lock, "survivor@host:4711|3", px=120_000)
 
-    env = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in FAST_SETTINGS.items()}
-    env["CELERY_RECOVERY_REDIS_URL"] = locks_url
-    with served_console(store_url, tmp_path / "console.log", env) as url, browser() as driver:
+    env = app_env(store_url, broker_urls, queue)
+    with served_console(tmp_path / "console.log", env) as url, browser() as driver:
         # Then Recoveries names the try and the process that died (host and pid)
         driver.get(f"{url}/recoveries?action=republished")
         row = text_of(driver, "#recoveries tbody tr")
@@ -77,6 +76,15 @@ def test_a_killed_workers_task_is_told_in_the_console(
             shots[page] = _shot(driver, page)
             if page == "locks":
                 assert key in text_of(driver, "main")
+        # And nothing was blocked or broken (the CSP allows the console's own files only)
+        assert console_errors(driver) == []
+        # And auto-refresh, once ticked, reloads the page and stays on
+        driver.get(f"{url}/")
+        driver.execute_script("window.notReloaded = true")
+        driver.find_element(By.ID, "auto-refresh").click()
+        reload = REFRESH_SECONDS + 10
+        wait_for(lambda: driver.execute_script("return !window.notReloaded"), reload, what="reload")
+        assert driver.find_element(By.ID, "auto-refresh").is_selected()
     redis.Redis.from_url(locks_url).delete(lock)
     assert set(shots) == set(PAGES)
 
