@@ -81,11 +81,7 @@ class ConsoleQueries:
         count_tries = select(func.count()).select_from(task_records)
         with self.store.reading() as conn:
             running_jobs = [dict(r) for r in conn.execute(live).mappings()]
-            sweep = conn.execute(
-                select(leases.c.completed_at, leases.c.report).where(
-                    leases.c.name == SWEEP_COMPLETION
-                )
-            ).first()
+            leased = _rows(conn, select(leases).order_by(leases.c.name).limit(100))
             counts = {
                 "running": conn.execute(
                     count_tries.where(task_records.c.state == TaskState.RUNNING.value)
@@ -115,7 +111,14 @@ class ConsoleQueries:
             threshold = self.threshold(job["job_type"])
             job.update(heartbeat_age=round(age, 1), threshold=threshold, late=age > threshold)
             by_type.setdefault(job["job_type"], []).append(job)
-        completed, report = (sweep[0], sweep[1]) if sweep else (None, None)
+        sweep = next((row for row in leased if row["name"] == SWEEP_COMPLETION), {})
+        completed, report = sweep.get("completed_at"), sweep.get("report")
+        # Who sweeps: beat (its job above), or a worker's fallback holding its lease.
+        sweepers = [
+            {k: row[k] for k in ("name", "holder", "expires_at", "completed_at")}
+            for row in leased
+            if row["holder"] and row["expires_at"] and row["expires_at"] > now
+        ]
         return {
             "now": now,
             "store": self.store.masked_url,
@@ -126,6 +129,7 @@ class ConsoleQueries:
                 "interval": self.settings.sweep_interval,
                 "report": report if isinstance(report, dict) else None,
             },
+            "sweepers": sweepers,
             "counts": counts,
             "recoveries_per_hour": _per_hour(
                 now, [(h, n) for h, action, n in recent if action in RECOVERY_ACTIONS]

@@ -124,6 +124,10 @@ def test_jobs_deferred_and_callbacks(store, client):
     assert [j["id"] for j in overview["jobs"]["worker"]] == [live]
     assert overview["jobs"]["triggerer"][0]["late"] is True
     assert overview["counts"]["deferred"] == 1
+    assert overview["sweepers"] == []
+    store.acquire_lease("sweep-fallback", "worker-host:77", utcnow(), ttl=30)
+    [sweeper] = client.get("/api/overview").json()["sweepers"]
+    assert (sweeper["name"], sweeper["holder"]) == ("sweep-fallback", "worker-host:77")
     workers = client.get("/api/jobs", params={"type": "worker", "limit": 2}).json()
     rest = client.get(
         "/api/jobs", params={"type": "worker", "limit": 2, "before": workers["next_before"]}
