@@ -46,6 +46,11 @@ def read_only_engine(url: str) -> Engine:
     )
 
 
+def fetch_rows(conn: Connection, stmt: Any) -> list[dict[str, Any]]:
+    """The rows ``stmt`` selects, as plain dicts."""
+    return [dict(row) for row in conn.execute(stmt).mappings()]
+
+
 class ReadOnlyStore:
     """Short read-only transactions on the store; errors become :class:`StoreError`."""
 
