@@ -114,3 +114,20 @@ def test_a_store_without_tables_says_how_to_fix_it(tmp_path):
         api = client.get("/api/recoveries")
     assert page.status_code == 503 and "celery-recovery db upgrade" in page.text
     assert api.status_code == 503 and "db upgrade" in api.json()["error"]
+
+
+def test_without_the_web_extra_the_command_names_it(sqlite_url):
+    import subprocess
+    import sys
+
+    # A fresh interpreter in which Starlette cannot be imported, as without the extra.
+    script = (
+        "import sys; sys.modules['starlette'] = None; "
+        "from celery_recovery.cli import main; "
+        f"sys.argv = ['celery-recovery', '--database-url', {sqlite_url!r}, 'web']; main()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "pip install 'celery-recovery[web]'" in done.stderr
