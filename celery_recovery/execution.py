@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
 
+from .audit import stale_delivery
 from .deferral import RESUME_HEADER, install_resume
 from .errors import StoreError
 from .messages import try_number_of
@@ -110,6 +111,7 @@ def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
         try_number,
         why,
     )
+    runtime.write("audit", stale_delivery(task.name, task_id, try_number, why, view))
     drop_delivery(task_id)
     return True
 

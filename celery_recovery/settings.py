@@ -206,6 +206,32 @@ def _redis_url(key: str, value: Any) -> str | None:
     return value
 
 
+#: Shortest ``recovery_web_token`` accepted: long enough that guessing it is hopeless.
+MIN_WEB_TOKEN_LENGTH = 16
+
+
+def _web_token(key: str, value: Any) -> str | None:
+    """Secret: a string of at least 16 characters; unset or empty means none."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value.strip()) < MIN_WEB_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"{key} must be a string of at least {MIN_WEB_TOKEN_LENGTH} characters "
+            "(e.g. from `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+        )
+    return value.strip()
+
+
+def _web_credentials(key: str, value: Any) -> str | None:
+    """Secret: ``user:password``, both parts non-empty; unset or empty means none."""
+    if value is None or value == "":
+        return None
+    user, colon, password = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not (user and colon and password):
+        raise ConfigurationError(f"{key} must be 'user:password' with both parts non-empty")
+    return value
+
+
 SETTINGS: tuple[SettingSpec, ...] = (
     SettingSpec(
         "preset",
@@ -338,6 +364,22 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "triggerer, and a worker's main process when `PROMETHEUS_MULTIPROC_DIR` is set (or "
         "its pool runs tasks in the main process). Unset: nothing listens. See docs/metrics.md.",
     ),
+    SettingSpec(
+        "web_token",
+        None,
+        _web_token,
+        "Bearer token the console (`celery-recovery web`) requires of every request "
+        "(`Authorization: Bearer TOKEN`, or `?token=TOKEN` once, which sets a cookie). "
+        "Unset: no token. The console refuses to serve on an interface other than the "
+        "loopback without this or `recovery_web_credentials`. See docs/console.md.",
+    ),
+    SettingSpec(
+        "web_credentials",
+        None,
+        _web_credentials,
+        "`user:password` the console requires with HTTP basic authentication. Unset: none. "
+        "Prefer the environment variable, so the password stays out of code.",
+    ),
 )
 
 _SPECS = {spec.name: spec for spec in SETTINGS}
@@ -361,6 +403,8 @@ class RecoverySettings:
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
     trigger_allowed_modules: tuple[str, ...] | None = None
     metrics_port: int | None = DEFAULT_METRICS_PORT
+    web_token: str | None = field(default=None, repr=False)
+    web_credentials: str | None = field(default=None, repr=False)
     preset: str = DEFAULT_PRESET
 
     def __post_init__(self) -> None:

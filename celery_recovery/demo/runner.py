@@ -55,14 +55,38 @@ def run_demo(echo: Callable[[str], None] = click.echo) -> int:
         echo("  plain Celery would now lose that task for good (early ack); watching recovery:")
 
         recovered_at = _watch(recovery, results, killed, echo)
-        return _summary(recovery, results, task_id, killed, recovered_at, started, echo)
+        status = _summary(recovery, results, task_id, killed, recovered_at, started, echo)
     finally:
         for proc in workers.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         recovery.close()
+        kept = _keep_store(folder / "celery_recovery.sqlite3")
         shutil.rmtree(folder, ignore_errors=True)
+    echo("")
+    echo("see it in the console (read-only; then open http://127.0.0.1:9809/recoveries):")
+    echo(f"  celery-recovery --database-url sqlite:///{kept} web")
+    echo("  (needs the web extra: pip install 'celery-recovery[web]')")
+    return status
+
+
+#: Where the demo leaves a copy of its store, for the console (replaced by each run).
+KEPT_STORE = Path(tempfile.gettempdir()) / "celery-recovery-demo.sqlite3"
+
+
+def _keep_store(store: Path) -> Path:
+    """Copy the demo's store (a consistent snapshot, WAL included) to :data:`KEPT_STORE`."""
+    import sqlite3
+
+    source = sqlite3.connect(store)
+    target = sqlite3.connect(KEPT_STORE)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    return KEPT_STORE
 
 
 def _start_worker(name: str, folder: Path) -> subprocess.Popen[bytes]:

@@ -20,10 +20,10 @@ from sqlalchemy.engine import Connection
 
 from ..states import FINISHED_TASK_STATES, JobState, TaskState
 from .claim_ops import CLAIM_PREFIX
-from .schema import callbacks, jobs, leases, task_records, triggers
+from .schema import audit_log, callbacks, jobs, leases, task_records, triggers
 
 #: Tables ``db clean`` may purge, in the order it purges them.
-RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs", "claims")
+RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs", "claims", "audit_log")
 
 #: Try states that are still in flight and so never deleted.
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
@@ -64,6 +64,9 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
             and_(leases.c.completed_at.is_(None), leases.c.expires_at < cutoff),
         )
         return leases, (leases.c.name,), (leases.c.name.startswith(CLAIM_PREFIX), old)
+    if name == "audit_log":
+        # Decisions are history only: nothing refers to them.
+        return audit_log, (audit_log.c.id,), (audit_log.c.at < cutoff,)
     raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
 
 

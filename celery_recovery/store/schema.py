@@ -19,6 +19,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -183,6 +184,8 @@ task_records = Table(
         sqlite_where=text("state = 'queued'"),
     ),
     Index("ix_task_records_ended_at", "ended_at"),
+    # The console's search by task name, newest first.
+    Index("ix_task_records_task_name", "task_name", "queued_at"),
 )
 
 triggers = Table(
@@ -231,4 +234,26 @@ leases = Table(
     Column("token", BigInteger, nullable=False, server_default=text("0")),
     Column("expires_at", UTCDateTime),
     Column("completed_at", UTCDateTime, comment="Last time the guarded work finished"),
+    Column("report", MessageJSON, comment="What the last run of the guarded work reported"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False, comment="When the decision was taken"),
+    Column("action", String(32), nullable=False, comment="What was done (AuditAction)"),
+    Column("reason", String(32), nullable=False, comment="Why (AuditReason)"),
+    Column("task_id", String(255)),
+    Column("try_number", Integer),
+    Column("task_name", String(255)),
+    Column("detail", Text, comment="The decision in words, as the try's state_reason"),
+    Column("job_id", String(32), comment="jobs.id of the process that ran the try"),
+    Column("hostname", String(255)),
+    Column("pid", Integer),
+    Column("last_heartbeat", UTCDateTime, comment="That process's last heartbeat"),
+    Column("recovery_seconds", Float, comment="Seconds from that heartbeat to the decision"),
+    Column("actor", String(64), comment="host:pid of the sweep or worker that decided"),
+    Index("ix_audit_log_at", "at"),
+    Index("ix_audit_log_task", "task_id", "try_number"),
 )

@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 
+from ..audit import Decision
 from ..errors import StoreError, StoreSchemaError, StoreUnavailableError
 from ..states import JobState, TaskState
 from ..urls import mask_secrets, mask_url
@@ -30,7 +31,7 @@ from .forks import ForkGate
 from .inspect_ops import InspectOperations
 from .migrate import ensure_schema
 from .retention_ops import RetentionOperations
-from .schema import callbacks, jobs, task_records
+from .schema import audit_log, callbacks, jobs, task_records
 from .sweep_ops import SweepOperations
 from .trigger_ops import TriggerOperations
 
@@ -335,8 +336,9 @@ class Store(
         """Apply buffered writes in order, in one transaction (the write-behind path).
 
         ``writes`` holds ``("queued", record)``, ``("running", record)``,
-        ``("transition", Transition)``, ``("outboxed", OutboxedTransition)`` and
-        ``("late", (task_id, try, state, at))`` items; runs of one kind are batched.
+        ``("transition", Transition)``, ``("outboxed", OutboxedTransition)``,
+        ``("late", (task_id, try, state, at))`` and ``("audit", Decision)`` items; runs of
+        one kind are batched.
         """
         appliers: dict[str, Callable[[Connection, list[Any]], Any]] = {
             "queued": self._insert_queued,
@@ -344,6 +346,7 @@ class Store(
             "transition": self._apply_transitions,
             "late": self._record_late_outcomes,
             "outboxed": self._apply_outboxed,
+            "audit": self._append_decisions,
         }
         # The commit waits for the WAL flush (no ``synchronous_commit = off``): the
         # caller forgets a batch once it is acknowledged, so an acknowledged batch
@@ -355,6 +358,9 @@ class Store(
                 appliers[kind](conn, items)
 
     # -- statements --------------------------------------------------------
+
+    def _append_decisions(self, conn: Connection, decisions: Sequence[Decision]) -> None:
+        conn.execute(audit_log.insert(), [d.row() for d in decisions])
 
     def _insert_queued(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
         conn.execute(self._statement("queued", self._build_insert_queued), _uniform(records))

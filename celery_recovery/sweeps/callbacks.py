@@ -30,6 +30,7 @@ from billiard.exceptions import WorkerLostError
 from celery.signals import task_failure
 
 from .. import metrics
+from ..audit import AuditAction, AuditReason, Decision
 from ..errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
 from .context import SweepContext
 
@@ -63,16 +64,25 @@ def deliver_callbacks(ctx: SweepContext) -> None:
                     row["try_number"],
                     row["attempts"] - 1,
                 )
-                store.delete_callback(row["id"], ctx.holder)
+                store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, "abandoned"))
                 metrics.callback_outcome(row["kind"], "abandoned")
                 continue
             ok = _deliver(ctx, row)
-            store.delete_callback(row["id"], ctx.holder)
+            store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, ok and "delivered"))
             if ok:
                 ctx.report.callbacks_delivered += 1
             else:
                 ctx.report.callbacks_failed += 1
             metrics.callback_outcome(row["kind"], "delivered" if ok else "failed")
+
+
+def _audit(ctx: SweepContext, row: dict[str, Any], outcome: str | bool) -> Decision:
+    """The audit row of a delivery: ``outcome`` is delivered, abandoned, or False (failed)."""
+    payload = row["payload"] if isinstance(row["payload"], dict) else {}
+    record = {**row, "task_name": payload.get("task_name"), "job_id": payload.get("job_id")}
+    action = AuditAction(f"callback_{outcome or 'failed'}")
+    detail = f"{row['kind']} callback: {payload.get('reason') or 'worker lost'}"
+    return ctx.decision(action, AuditReason.CALLBACK_DUE, record, detail)
 
 
 def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
+from ..audit import AuditAction, AuditReason, Decision
 from ..errors import StoreError
 from ..states import JobType
 
@@ -61,6 +62,16 @@ class SweepContext:
             (job["node_name"], job["pid"]): job
             for job in store.live_jobs(self.now, threshold, JobType.WORKER)
         }
+
+    def decision(
+        self,
+        action: AuditAction,
+        reason: AuditReason,
+        record: dict[str, Any],
+        detail: str | None = None,
+    ) -> Decision:
+        """The audit row of a decision this pass takes about the try ``record``."""
+        return Decision.of(self.now, action, reason, record, detail, actor=self.holder)
 
     @contextmanager
     def isolated(self, what: str) -> Iterator[None]:

@@ -54,8 +54,9 @@ def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
             continue
         with ctx.isolated(f"the {name} step"):
             step(ctx)
+    report.duration = time.perf_counter() - started
     with ctx.isolated("recording the sweep's completion"):
-        recovery.store.mark_completed(SWEEP_COMPLETION, utcnow())
+        recovery.store.mark_completed(SWEEP_COMPLETION, utcnow(), report.as_dict())
     with ctx.isolated("reading the gauges of metrics"):
         metrics.refresh_gauges(recovery.store, ctx.now)
     report.duration = time.perf_counter() - started

@@ -11,8 +11,9 @@ from celery import Celery
 from sqlalchemy import create_engine, func, select, text
 
 from celery_recovery import Recovery
+from celery_recovery.audit import AuditAction, AuditReason, Decision
 from celery_recovery.retention import CLEAN_TASK
-from celery_recovery.store.schema import callbacks, jobs, task_records, triggers
+from celery_recovery.store.schema import audit_log, callbacks, jobs, task_records, triggers
 from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job, add_trigger, add_try, run
 
@@ -35,6 +36,17 @@ def add_callback(store, created_age: float, claimed_for: float | None = None) ->
                     claimed_until=now + timedelta(seconds=claimed_for) if claimed_for else None,
                 )
                 .returning(callbacks.c.id)
+            ).scalar_one()
+        )
+
+
+def add_decision(store, age: float) -> int:
+    at = utcnow() - timedelta(seconds=age)
+    decision = Decision(at, AuditAction.REPUBLISHED, AuditReason.WORKER_LOST, "t", 1)
+    with store.transaction() as conn:
+        return int(
+            conn.execute(
+                audit_log.insert().values(**decision.row()).returning(audit_log.c.id)
             ).scalar_one()
         )
 
@@ -79,9 +91,13 @@ def history(store):
     }
     callbacks_keep = {add_callback(store, recent), add_callback(store, old, claimed_for=60)}
     callbacks_gone = {add_callback(store, old), add_callback(store, old, claimed_for=-60)}
+    audit_keep = {add_decision(store, recent)}
+    audit_gone = {add_decision(store, old), add_decision(store, old + DAY)}
     return {
         "keep": keep,
         "gone": gone,
+        "audit_keep": audit_keep,
+        "audit_gone": audit_gone,
         "triggers_keep": triggers_keep,
         "triggers_gone": triggers_gone,
         "callbacks_keep": callbacks_keep,
@@ -92,7 +108,8 @@ def history(store):
 def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--yes", "--batch-size", "2")
     assert result.exit_code == 0, result.output
-    assert "deleted: callbacks 2, triggers 2, task_records 4, jobs 2" in result.output
+    assert "deleted: callbacks 2, triggers 2, task_records 4, jobs 2, audit_log 2" in result.output
+    assert ids(store, audit_log, audit_log.c.id) == history["audit_keep"]
     remaining = ids(store, task_records, task_records.c.task_id) | ids(store, jobs, jobs.c.id)
     assert history["keep"] <= remaining
     assert not history["gone"] & remaining
@@ -103,7 +120,7 @@ def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, histo
 def test_dry_run_only_counts(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--dry-run")
     assert result.exit_code == 0
-    assert "callbacks 2, triggers 2, task_records 4, jobs 2" in result.output
+    assert "callbacks 2, triggers 2, task_records 4, jobs 2, audit_log 2" in result.output
     assert "dry run: nothing deleted" in result.output
     assert history["gone"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
@@ -115,7 +132,7 @@ def test_clean_asks_before_deleting(store, history):
     assert refused.exit_code == 1 and "aborted: nothing deleted" in refused.output
     assert ids(store, callbacks, callbacks.c.id) >= history["callbacks_gone"]
     agreed = run(store.url, "db", "clean", "--before", "30d", input="y\n")
-    assert agreed.exit_code == 0 and "Delete these 10 rows?" in agreed.output
+    assert agreed.exit_code == 0 and "Delete these 12 rows?" in agreed.output
     assert ids(store, callbacks, callbacks.c.id) == history["callbacks_keep"]
 
 
@@ -171,6 +188,7 @@ def test_beat_task_runs_the_same_retention(store, history):
         "task_records": 4,
         "jobs": 2,
         "claims": 0,
+        "audit_log": 2,
     }
     assert history["keep"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
