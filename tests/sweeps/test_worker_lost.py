@@ -84,10 +84,13 @@ def test_a_killed_pool_process_fails_its_try_at_once_and_its_callbacks_run_once(
         for name, result in results.items()
     }
     print(f"kill -> try's recorded end: {decided}")
-    # Celery's own detection of the death takes from 0.05 s to about 1 s on a loaded
-    # machine; the record follows within the writer's flush.  Before, it took the
-    # zombie threshold and a sweep.
-    assert max(recorded.values()) < 2.0, (recorded, decided)
+    # Recorded by the worker's main process as Celery reported the death, not found
+    # later by a sweep.  Celery's own detection takes 0.05-1 s (idle machine); the
+    # buffered write lands within the writer's flush.
+    for name, result in results.items():
+        first = store.tries(result.id)[0]
+        assert first["recovered_at"] is None, (name, first["state_reason"])
+        assert first["state_reason"].startswith("its pool process died"), first["state_reason"]
 
     # task_retry_on_worker_lost: Celery retried it and called on_retry; try 2 runs.
     assert results["killable_retried"].get(timeout=20) == 2
