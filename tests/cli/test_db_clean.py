@@ -108,7 +108,7 @@ def history(store):
 def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--yes", "--batch-size", "2")
     assert result.exit_code == 0, result.output
-    assert "deleted: callbacks 2, triggers 2, task_records 4, jobs 2, audit_log 2" in result.output
+    assert "deleted: callbacks 2, triggers 2, task_records 4, jobs 2, claims 0, audit_log 2" in result.output
     assert ids(store, audit_log, audit_log.c.id) == history["audit_keep"]
     remaining = ids(store, task_records, task_records.c.task_id) | ids(store, jobs, jobs.c.id)
     assert history["keep"] <= remaining
@@ -120,7 +120,7 @@ def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, histo
 def test_dry_run_only_counts(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--dry-run")
     assert result.exit_code == 0
-    assert "callbacks 2, triggers 2, task_records 4, jobs 2, audit_log 2" in result.output
+    assert "callbacks 2, triggers 2, task_records 4, jobs 2, claims 0, audit_log 2" in result.output
     assert "dry run: nothing deleted" in result.output
     assert history["gone"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
