@@ -1,10 +1,13 @@
 """Jobs: every worker process, beat and triggerer is a job with a heartbeat.
 
-A prefork worker's pool children each become a job at
-``worker_process_init`` (they run the tasks; the main process does not).
-Pools that run tasks in the main process (solo, threads, gevent, eventlet)
-make it the job at ``worker_ready``.  Clean shutdowns end the job as
-``success``; a killed process simply stops beating.
+A worker's main process becomes a job at ``worker_ready``: it takes the
+messages from the broker, so the messages it holds (prefetched, or waiting
+for their ETA) are recorded as reserved by its job.  A prefork worker's pool
+children, which run the tasks, each become a job of their own at
+``worker_process_init``; pools that run tasks in the main process (solo,
+threads, gevent, eventlet) have that one job.  All are ``worker`` jobs.
+Clean shutdowns end the job as ``success``; a killed process simply stops
+beating.
 """
 
 from __future__ import annotations
@@ -60,9 +63,14 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     pool = getattr(sender, "pool", None)
     if recovery is None:
         return
-    metrics.serve_for_worker(recovery.settings, _runs_tasks_in_children(pool))
-    if not _runs_tasks_in_children(pool):
-        _start_worker_job(recovery, getattr(sender, "hostname", None))
+    in_children = _runs_tasks_in_children(pool)
+    metrics.serve_for_worker(recovery.settings, in_children)
+    node_name = getattr(sender, "hostname", None)
+    if in_children:
+        # Only reserves messages: the pool children beat (and sweep when beat is down).
+        recovery.runtime.start_job(JobType.WORKER, node_name=node_name)
+    else:
+        _start_worker_job(recovery, node_name)
 
 
 @never_raises

@@ -19,10 +19,10 @@ from sqlalchemy import Table, delete, exists, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from ..states import FINISHED_TASK_STATES, JobState, TaskState
-from .schema import callbacks, jobs, task_records, triggers
+from .schema import callbacks, jobs, reservations, same_try, task_records, triggers
 
 #: Tables ``db clean`` may purge, in the order it purges them.
-RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs")
+RETENTION_TABLES = ("callbacks", "triggers", "reservations", "task_records", "jobs")
 
 #: Try states that are still in flight and so never deleted.
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
@@ -50,6 +50,13 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
             task_records.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
         )
         return triggers, (triggers.c.id,), (triggers.c.created_at < cutoff, ~try_active)
+    if name == "reservations":
+        # A reservation only matters while its try is still queued.
+        try_queued = exists().where(
+            same_try(reservations), task_records.c.state == TaskState.QUEUED.value
+        )
+        keys = (reservations.c.task_id, reservations.c.try_number)
+        return reservations, keys, (reservations.c.reserved_at < cutoff, ~try_queued)
     if name == "callbacks":
         # Delivered rows are deleted on delivery; what is left this old is stale.
         # A row a sweep is delivering right now (claim not expired) is left alone.

@@ -27,6 +27,7 @@ from ..urls import mask_secrets, mask_url
 from .engine import create_store_engine
 from .inspect_ops import InspectOperations
 from .migrate import ensure_schema
+from .reservation_ops import ReservationOperations
 from .retention_ops import RetentionOperations
 from .schema import jobs, task_records
 from .sweep_ops import SweepOperations
@@ -89,7 +90,13 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOperations):
+class Store(
+    SweepOperations,
+    TriggerOperations,
+    InspectOperations,
+    RetentionOperations,
+    ReservationOperations,
+):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:
@@ -292,22 +299,28 @@ class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOper
         """Apply buffered writes in order, in one transaction (the write-behind path).
 
         ``writes`` holds ``("queued", record)``, ``("running", record)``,
-        ``("transition", Transition)`` and ``("late", (task_id, try, state, at))``
-        items; runs of one kind are batched.
+        ``("transition", Transition)``, ``("late", (task_id, try, state, at))`` and
+        ``("reserved", (task_id, try, job_id, at))`` items; runs of one kind are
+        batched.  Reservations touch only their own table, so they are applied
+        together, as one statement, after the others.
         """
         appliers: dict[str, Callable[[Connection, list[Any]], Any]] = {
             "queued": self._insert_queued,
             "running": self._upsert_running_many,
             "transition": self._apply_transitions,
             "late": self._record_late_outcomes,
+            "reserved": self._upsert_reservations,
         }
         # The commit waits for the WAL flush (no ``synchronous_commit = off``): the
         # caller forgets a batch once it is acknowledged, so an acknowledged batch
         # that a PostgreSQL crash then loses would be lost for good (records left
         # ``queued`` or missing; tests/faults/test_postgres.py, ``-m immediate``).
         # One flush per batch, in the writer thread, stays off the task's path.
+        writes = _coalesce(writes)
+        ordered = [w for w in writes if w[0] != "reserved"]
+        ordered += [w for w in writes if w[0] == "reserved"]
         with self.transaction() as conn:
-            for kind, items in _runs(_coalesce(writes)):
+            for kind, items in _runs(ordered):
                 appliers[kind](conn, items)
 
     # -- statements --------------------------------------------------------
@@ -454,11 +467,16 @@ def _coalesce(writes: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
     A short task's claim and outcome usually share a flush: writing the row
     once, already finished, halves the statements on the hot path.  The
-    claim's conditions still apply (it only lands on a claimable try).
+    claim's conditions still apply (it only lands on a claimable try).  A
+    reservation followed by the same process's claim of the try (a solo or
+    threads pool) is superseded by the claim and not written at all.
     """
     claims: dict[tuple[str, int], dict[str, Any]] = {}
     out: list[tuple[str, Any]] = []
+    started = {(item["task_id"], item["try_number"]) for kind, item in writes if kind == "running"}
     for kind, item in writes:
+        if kind == "reserved" and (item[0], item[1]) in started:
+            continue
         if kind == "running":
             record = dict(item)
             claims[(record["task_id"], record["try_number"])] = record
