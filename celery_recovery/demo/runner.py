@@ -43,7 +43,8 @@ def run_demo(echo: Callable[[str], None] = click.echo) -> int:
             f"{recovery.settings.zombie_threshold:g}s, sweep every "
             f"{recovery.settings.sweep_interval:g}s"
         )
-        _wait(lambda: len(recovery.store.list_jobs("worker")) >= 2, 30, "workers to start")
+        # Each worker is two jobs: its main process and its one pool process.
+        _wait(lambda: len(recovery.store.list_jobs("worker")) >= 4, 30, "workers to start")
         results = [app.send_task("demo.charge_order", (i, TASK_SECONDS)) for i in range(ORDERS)]
         echo(f"sent {ORDERS} tasks that take {TASK_SECONDS:g}s each")
 
