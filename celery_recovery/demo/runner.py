@@ -130,6 +130,14 @@ def _watch(recovery: Any, results: list, killed: float, echo: Callable[[str], No
                     "(same task id, retries + 1)"
                 )
             )
+        if report.reserved_republished:
+            recovered_at = recovered_at or time.monotonic()
+            echo(
+                _green(
+                    f"  +{since:4.1f}s  re-published {report.reserved_republished} task(s) the "
+                    "dead worker had taken but not started (prefetched)"
+                )
+            )
         if report.lost_republished:
             echo(
                 _yellow(

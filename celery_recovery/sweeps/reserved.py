@@ -68,7 +68,7 @@ def _handle(
         publish_count=int(record.get("publish_count") or 1) + 1,
     )
     if result == "republished":
-        ctx.report.republished += 1
+        ctx.report.reserved_republished += 1
     elif result == "failed":
         ctx.report.failed += 1
     return result
