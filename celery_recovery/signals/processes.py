@@ -29,6 +29,7 @@ from .. import metrics
 from ..recovery import Recovery, installed, recovery_for_app
 from ..states import JobState, JobType
 from .guard import never_raises
+from .reservations import MAIN_PROCESS_FLUSH_INTERVAL
 
 
 def _current() -> Recovery | None:
@@ -68,6 +69,7 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     node_name = getattr(sender, "hostname", None)
     if in_children:
         # Only reserves messages: the pool children beat (and sweep when beat is down).
+        recovery.runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
         recovery.runtime.start_job(JobType.WORKER, node_name=node_name)
     else:
         _start_worker_job(recovery, node_name)
