@@ -43,7 +43,8 @@ def run_demo(echo: Callable[[str], None] = click.echo) -> int:
             f"{recovery.settings.zombie_threshold:g}s, sweep every "
             f"{recovery.settings.sweep_interval:g}s"
         )
-        _wait(lambda: len(recovery.store.list_jobs("worker")) >= 2, 30, "workers to start")
+        # Each worker is two jobs: its main process and its one pool process.
+        _wait(lambda: len(recovery.store.list_jobs("worker")) >= 4, 30, "workers to start")
         results = [app.send_task("demo.charge_order", (i, TASK_SECONDS)) for i in range(ORDERS)]
         echo(f"sent {ORDERS} tasks that take {TASK_SECONDS:g}s each")
 
@@ -151,6 +152,14 @@ def _watch(recovery: Any, results: list, killed: float, echo: Callable[[str], No
                 _green(
                     f"  +{since:4.1f}s  re-published {report.republished} task(s) as try 2 "
                     "(same task id, retries + 1)"
+                )
+            )
+        if report.reserved_republished:
+            recovered_at = recovered_at or time.monotonic()
+            echo(
+                _green(
+                    f"  +{since:4.1f}s  re-published {report.reserved_republished} task(s) the "
+                    "dead worker had taken but not started (prefetched)"
                 )
             )
         if report.lost_republished:

@@ -1,16 +1,18 @@
 """Jobs: every worker process, beat and triggerer is a job with a heartbeat.
 
-A prefork worker's pool children each become a job at
-``worker_process_init`` (they run the tasks; the main process does not).
-Pools that run tasks in the main process (solo, threads, gevent, eventlet)
-make it the job at ``worker_ready``.  Clean shutdowns end the job as
-``success``; a killed process simply stops beating.
+A worker's main process becomes a job at ``worker_ready``: it takes the
+messages from the broker, so the messages it holds (prefetched, or waiting
+for their ETA) are recorded as reserved by its job.  A prefork worker's pool
+children, which run the tasks, each become a job of their own at
+``worker_process_init``; pools that run tasks in the main process (solo,
+threads, gevent, eventlet) have that one job.  All are ``worker`` jobs.
+Clean shutdowns end the job as ``success``; a killed process simply stops
+beating.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 from celery import current_app
@@ -27,6 +29,7 @@ from .. import metrics
 from ..recovery import Recovery, installed, recovery_for_app
 from ..states import JobState, JobType
 from .guard import never_raises
+from .reservations import MAIN_PROCESS_FLUSH_INTERVAL
 
 
 def _current() -> Recovery | None:
@@ -61,16 +64,17 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     pool = getattr(sender, "pool", None)
     if recovery is None:
         return
-    metrics.serve_for_worker(recovery.settings, _runs_tasks_in_children(pool))
-    if not _runs_tasks_in_children(pool):
-        _start_worker_job(recovery, getattr(sender, "hostname", None))
+    in_children = _runs_tasks_in_children(pool)
+    metrics.serve_for_worker(recovery.settings, in_children)
+    node_name = getattr(sender, "hostname", None)
+    if in_children:
+        # Only reserves messages (and writes when a pool process dies): the pool
+        # children beat (and sweep when beat is down).  Starting the job also
+        # connects to the store now, not when the first write is due.
+        recovery.runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
+        recovery.runtime.start_job(JobType.WORKER, node_name=node_name)
     else:
-        # The main process writes when a pool process dies: connect now, not then.
-        threading.Thread(
-            target=never_raises(recovery.store.ensure_ready),
-            name="celery-recovery-warm",
-            daemon=True,
-        ).start()
+        _start_worker_job(recovery, node_name)
 
 
 @never_raises

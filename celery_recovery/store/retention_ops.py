@@ -20,10 +20,27 @@ from sqlalchemy.engine import Connection
 
 from ..states import FINISHED_TASK_STATES, JobState, TaskState
 from .claim_ops import CLAIM_PREFIX
-from .schema import audit_log, callbacks, jobs, leases, task_records, triggers
+from .schema import (
+    audit_log,
+    callbacks,
+    jobs,
+    leases,
+    reservations,
+    same_try,
+    task_records,
+    triggers,
+)
 
 #: Tables ``db clean`` may purge, in the order it purges them.
-RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs", "claims", "audit_log")
+RETENTION_TABLES = (
+    "callbacks",
+    "triggers",
+    "reservations",
+    "task_records",
+    "jobs",
+    "claims",
+    "audit_log",
+)
 
 #: Try states that are still in flight and so never deleted.
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
@@ -51,6 +68,13 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
             task_records.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
         )
         return triggers, (triggers.c.id,), (triggers.c.created_at < cutoff, ~try_active)
+    if name == "reservations":
+        # A reservation only matters while its try is still queued.
+        try_queued = exists().where(
+            same_try(reservations), task_records.c.state == TaskState.QUEUED.value
+        )
+        keys = (reservations.c.task_id, reservations.c.try_number)
+        return reservations, keys, (reservations.c.reserved_at < cutoff, ~try_queued)
     if name == "callbacks":
         # Delivered rows are deleted on delivery; what is left this old is stale.
         # A row a sweep is delivering right now (claim not expired) is left alone.

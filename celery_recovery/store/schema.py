@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    and_,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -210,6 +211,26 @@ triggers = Table(
     Index("ix_triggers_queue", "queue"),
     Index("ix_triggers_task", "task_id", "try_number"),
 )
+
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("task_id", String(255), primary_key=True),
+    Column("try_number", Integer, primary_key=True),
+    Column("job_id", String(32), nullable=False, comment="jobs.id of the process holding it"),
+    Column("reserved_at", UTCDateTime, nullable=False, comment="When that process received it"),
+    Index("ix_reservations_job_id", "job_id"),
+    Index("ix_reservations_reserved_at", "reserved_at"),
+)
+
+
+def same_try(table: Table) -> Any:
+    """Join condition of ``table``'s (task_id, try_number) with the try's record."""
+    return and_(
+        table.c.task_id == task_records.c.task_id,
+        table.c.try_number == task_records.c.try_number,
+    )
+
 
 callbacks = Table(
     "callbacks",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, case, or_, select, update
+from sqlalchemy import and_, bindparam, case, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
@@ -30,6 +30,7 @@ from .engine import create_store_engine
 from .forks import ForkGate
 from .inspect_ops import InspectOperations
 from .migrate import ensure_schema
+from .reservation_ops import ReservationOperations
 from .retention_ops import RetentionOperations
 from .schema import audit_log, callbacks, jobs, task_records
 from .sweep_ops import SweepOperations
@@ -102,7 +103,12 @@ class OutboxedTransition:
 
 
 class Store(
-    SweepOperations, TriggerOperations, InspectOperations, RetentionOperations, ClaimOperations
+    SweepOperations,
+    TriggerOperations,
+    InspectOperations,
+    RetentionOperations,
+    ClaimOperations,
+    ReservationOperations,
 ):
     """The metadata store at one database URL, safe across threads and forks."""
 
@@ -337,8 +343,10 @@ class Store(
 
         ``writes`` holds ``("queued", record)``, ``("running", record)``,
         ``("transition", Transition)``, ``("outboxed", OutboxedTransition)``,
-        ``("late", (task_id, try, state, at))`` and ``("audit", Decision)`` items; runs of
-        one kind are batched.
+        ``("late", (task_id, try, state, at))``, ``("audit", Decision)`` and
+        ``("reserved", (task_id, try, job_id, at))`` items; runs of one kind are
+        batched.  Reservations touch only their own table, so they are applied
+        together, as one statement, after the others.
         """
         appliers: dict[str, Callable[[Connection, list[Any]], Any]] = {
             "queued": self._insert_queued,
@@ -347,14 +355,18 @@ class Store(
             "late": self._record_late_outcomes,
             "outboxed": self._apply_outboxed,
             "audit": self._append_decisions,
+            "reserved": self._upsert_reservations,
         }
         # The commit waits for the WAL flush (no ``synchronous_commit = off``): the
         # caller forgets a batch once it is acknowledged, so an acknowledged batch
         # that a PostgreSQL crash then loses would be lost for good (records left
         # ``queued`` or missing; tests/faults/test_postgres.py, ``-m immediate``).
         # One flush per batch, in the writer thread, stays off the task's path.
+        writes = _coalesce(writes)
+        ordered = [w for w in writes if w[0] != "reserved"]
+        ordered += [w for w in writes if w[0] == "reserved"]
         with self.transaction() as conn:
-            for kind, items in _runs(_coalesce(writes)):
+            for kind, items in _runs(ordered):
                 appliers[kind](conn, items)
 
     # -- statements --------------------------------------------------------
@@ -389,10 +401,14 @@ class Store(
         insert = self._insert(task_records)
         # The claim's own values, which after coalescing may already be its outcome.
         claim: dict[str, Any] = {column: insert.excluded[column] for column in CLAIM_COLUMNS}
-        # SET sees the row as it was: still running means the previous run's process died.
-        claim["deaths"] = task_records.c.deaths + case(
-            (task_records.c.state == TaskState.RUNNING.value, 1), else_=0
+        # SET sees the row as it was: still running in another job means the previous
+        # run's process died.  Running in this very job is this delivery's own earlier
+        # claim (the stale-delivery check claims before the death-counting claim).
+        died = and_(
+            task_records.c.state == TaskState.RUNNING.value,
+            task_records.c.job_id.is_distinct_from(insert.excluded.job_id),
         )
+        claim["deaths"] = task_records.c.deaths + case((died, 1), else_=0)
         return insert.on_conflict_do_update(
             index_elements=["task_id", "try_number"],
             set_=claim,
@@ -521,11 +537,16 @@ def _coalesce(writes: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
     A short task's claim and outcome usually share a flush: writing the row
     once, already finished, halves the statements on the hot path.  The
-    claim's conditions still apply (it only lands on a claimable try).
+    claim's conditions still apply (it only lands on a claimable try).  A
+    reservation followed by the same process's claim of the try (a solo or
+    threads pool) is superseded by the claim and not written at all.
     """
     claims: dict[tuple[str, int], dict[str, Any]] = {}
     out: list[tuple[str, Any]] = []
+    started = {(item["task_id"], item["try_number"]) for kind, item in writes if kind == "running"}
     for kind, item in writes:
+        if kind == "reserved" and (item[0], item[1]) in started:
+            continue
         if kind == "running":
             record = dict(item)
             claims[(record["task_id"], record["try_number"])] = record

@@ -25,6 +25,9 @@ class SweepReport:
     """Counts of what one sweep pass found and did; ``duration`` in seconds."""
 
     zombies: int = 0
+    #: Queued tries found reserved (received, not started) by a dead worker.
+    reserved: int = 0
+    reserved_republished: int = 0
     republished: int = 0
     failed: int = 0
     adopted: int = 0

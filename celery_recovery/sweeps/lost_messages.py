@@ -14,11 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import states
-
 from .. import metrics, sentry
-from ..deferral import DEFERRED_STATE
-from ..probe import UNKNOWN, Probe, probe_many
+from ..probe import UNKNOWN, Probe, never_started, probe_many
 from ..states import TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
@@ -52,7 +49,7 @@ def _handle(
     taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded")
     if taken is not None:
         return taken
-    if not _never_started(seen, live):
+    if not never_started(seen, live):
         return None  # started in a live worker: its own signals will catch up
     ctx.report.lost_messages += 1
     waited = int(ctx.recovery.settings.queued_timeout)
@@ -79,18 +76,3 @@ def _counted_from(record: dict[str, Any]) -> str:
     if eta is not None and (queued_at is None or eta > queued_at):
         return f"of its ETA {eta.isoformat(timespec='seconds')}"
     return "of being queued"
-
-
-def _never_started(seen: Probe, live: dict[tuple[Any, Any], Any]) -> bool:
-    """Whether the backend's state leaves this overdue queued try unstarted.
-
-    ``PENDING``: nothing ever started.  ``DEFERRED``: its trigger fired and the
-    resume was published (a started resume stores ``STARTED``).  ``RETRY``: the
-    earlier try retried and published this one (a start of this try would have
-    stored ``STARTED``, or its signals would have claimed it long before the
-    timeout).  ``STARTED`` by a process that is not a live worker: the earlier
-    try, which died.
-    """
-    if seen.state in (states.PENDING, states.RETRY, DEFERRED_STATE):
-        return True
-    return seen.state == states.STARTED and (seen.hostname, seen.pid) not in live

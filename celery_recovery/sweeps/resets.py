@@ -27,8 +27,8 @@ logger = logging.getLogger("celery_recovery.sweep")
 #: registered in the sweeping process.
 CELERY_DEFAULT_MAX_RETRIES = 3
 
-#: Columns copied from a try to the try that replaces it.
-_COPIED_COLUMNS = ("task_name", *MESSAGE_COLUMNS)
+#: Columns copied from a try to the try that replaces it (an ETA task keeps its ETA).
+_COPIED_COLUMNS = ("task_name", "eta", *MESSAGE_COLUMNS)
 #: Columns a new publish is built from; all must have decoded as JSON.
 _PAYLOAD_COLUMNS = ("args", "kwargs", "headers", "options")
 

@@ -1,4 +1,5 @@
-"""One sweep pass: zombies, lost messages, dead jobs, deferred tasks, then failure callbacks."""
+"""One sweep pass: zombies and their reserved messages, lost messages, dead jobs, deferred
+tasks, then failure callbacks."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .context import SweepContext, SweepReport
 from .deferred import sweep_deferred
 from .jobs import sweep_dead_jobs
 from .lost_messages import sweep_lost_messages
+from .reserved import sweep_reserved
 from .zombies import sweep_zombies
 
 if TYPE_CHECKING:
@@ -30,10 +32,12 @@ SWEEP_COMPLETION = "sweep"
 HEARTBEAT_GRACE = "heartbeat-grace"
 
 #: Steps that judge processes dead from their heartbeats; they wait out a grace.
-JUDGING_STEPS = frozenset({"zombies", "dead jobs"})
+JUDGING_STEPS = frozenset({"zombies", "reserved", "dead jobs"})
 
 STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
     ("zombies", sweep_zombies),
+    # Right after the zombies: a dead worker's reserved messages go with its running tries.
+    ("reserved", sweep_reserved),
     ("lost messages", sweep_lost_messages),
     ("dead jobs", sweep_dead_jobs),
     ("deferred tasks", sweep_deferred),
@@ -61,7 +65,8 @@ def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
         metrics.refresh_gauges(recovery.store, ctx.now)
     report.duration = time.perf_counter() - started
     metrics.sweep_finished(report)
-    if report.errors or report.zombies or report.lost_messages or report.dead_jobs:
+    found = report.zombies + report.reserved + report.lost_messages + report.dead_jobs
+    if report.errors or found:
         logger.info("celery-recovery: sweep %s", report.as_dict())
     return report
 

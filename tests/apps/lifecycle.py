@@ -35,6 +35,7 @@ def create_app(
     acks_late: bool = False,
     reject_on_worker_lost: bool = False,
     visibility_timeout: float | None = None,
+    prefetch_multiplier: int = 1,
 ) -> Celery:
     """A lifecycle app; ``recovery`` holds the overrides to install celery-recovery with.
 
@@ -47,7 +48,7 @@ def create_app(
         result_backend=backend,
         task_default_queue=queue,
         task_track_started=True,
-        worker_prefetch_multiplier=1,
+        worker_prefetch_multiplier=prefetch_multiplier,
         broker_connection_retry_on_startup=True,
         accept_content=["json", "pickle"],
         result_accept_content=["json", "pickle"],
@@ -281,6 +282,7 @@ app = create_app(
         if os.environ.get("RECOVERY_TEST_VISIBILITY")
         else None
     ),
+    prefetch_multiplier=int(os.environ.get("RECOVERY_TEST_PREFETCH") or 1),
 )
 if os.environ.get("RECOVERY_TEST_BEAT_INTERVAL"):
     from celery_recovery.beat_schedules import recovery_beat_schedule

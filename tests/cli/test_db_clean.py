@@ -13,7 +13,14 @@ from sqlalchemy import create_engine, func, select, text
 from celery_recovery import Recovery
 from celery_recovery.audit import AuditAction, AuditReason, Decision
 from celery_recovery.retention import CLEAN_TASK
-from celery_recovery.store.schema import audit_log, callbacks, jobs, task_records, triggers
+from celery_recovery.store.schema import (
+    audit_log,
+    callbacks,
+    jobs,
+    reservations,
+    task_records,
+    triggers,
+)
 from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job, add_trigger, add_try, run
 
@@ -89,6 +96,17 @@ def history(store):
         add_trigger(store, finished, None, created_age=old, try_number=1),
         add_trigger(store, "no-such-task", None, created_age=old),
     }
+    # Reservations: old ones whose try is no longer queued; never a queued try's.
+    queued = add_try(store, "queued")
+    keep.add(queued)
+    at = utcnow()
+    store.record_reservations(
+        [
+            (queued, 1, "some-job", at - timedelta(seconds=old)),
+            (finished, 1, "some-job", at - timedelta(seconds=old)),
+            (deferred, 1, "some-job", at - timedelta(seconds=recent)),
+        ]
+    )
     callbacks_keep = {add_callback(store, recent), add_callback(store, old, claimed_for=60)}
     callbacks_gone = {add_callback(store, old), add_callback(store, old, claimed_for=-60)}
     audit_keep = {add_decision(store, recent)}
@@ -102,13 +120,16 @@ def history(store):
         "triggers_gone": triggers_gone,
         "callbacks_keep": callbacks_keep,
         "callbacks_gone": callbacks_gone,
+        "reservations_keep": {queued, deferred},
     }
 
 
 def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--yes", "--batch-size", "2")
     assert result.exit_code == 0, result.output
-    counts = "callbacks 2, triggers 2, task_records 4, jobs 2, claims 0, audit_log 2"
+    counts = (
+        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, claims 0, audit_log 2"
+    )
     assert f"deleted: {counts}" in result.output
     assert ids(store, audit_log, audit_log.c.id) == history["audit_keep"]
     remaining = ids(store, task_records, task_records.c.task_id) | ids(store, jobs, jobs.c.id)
@@ -116,12 +137,16 @@ def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, histo
     assert not history["gone"] & remaining
     assert ids(store, triggers, triggers.c.id) == history["triggers_keep"]
     assert ids(store, callbacks, callbacks.c.id) == history["callbacks_keep"]
+    assert ids(store, reservations, reservations.c.task_id) == history["reservations_keep"]
 
 
 def test_dry_run_only_counts(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--dry-run")
     assert result.exit_code == 0
-    assert "callbacks 2, triggers 2, task_records 4, jobs 2, claims 0, audit_log 2" in result.output
+    counts = (
+        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, claims 0, audit_log 2"
+    )
+    assert counts in result.output
     assert "dry run: nothing deleted" in result.output
     assert history["gone"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
@@ -133,7 +158,7 @@ def test_clean_asks_before_deleting(store, history):
     assert refused.exit_code == 1 and "aborted: nothing deleted" in refused.output
     assert ids(store, callbacks, callbacks.c.id) >= history["callbacks_gone"]
     agreed = run(store.url, "db", "clean", "--before", "30d", input="y\n")
-    assert agreed.exit_code == 0 and "Delete these 12 rows?" in agreed.output
+    assert agreed.exit_code == 0 and "Delete these 13 rows?" in agreed.output
     assert ids(store, callbacks, callbacks.c.id) == history["callbacks_keep"]
 
 
@@ -186,6 +211,7 @@ def test_beat_task_runs_the_same_retention(store, history):
     assert report["deleted"] == {
         "callbacks": 2,
         "triggers": 2,
+        "reservations": 1,
         "task_records": 4,
         "jobs": 2,
         "claims": 0,
@@ -278,7 +304,10 @@ def test_clean_skips_rows_locked_by_a_concurrent_transaction_instead_of_waiting(
         # waited on it (a blocking clean would still be waiting when the deadline passes).
         assert done.wait(30), "db clean waited on a row another transaction holds"
         assert outcome["result"].exit_code == 0, outcome["result"].output
-        assert "deleted: callbacks 0, triggers 0, task_records 98" in outcome["result"].output
+        assert (
+            "deleted: callbacks 0, triggers 0, reservations 0, task_records 98"
+            in outcome["result"].output
+        )
         assert ids(store, task_records, task_records.c.task_id) == {"old-7", "old-8"}
     finally:
         tx.rollback()

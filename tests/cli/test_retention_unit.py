@@ -51,6 +51,7 @@ def test_tables_default_to_all_in_purge_order_and_unknown_ones_are_named():
     assert check_tables(None) == (
         "callbacks",
         "triggers",
+        "reservations",
         "task_records",
         "jobs",
         "claims",

@@ -25,6 +25,15 @@ def test_a_claim_that_finds_its_try_still_running_counts_one_death(store):
     assert store.claim_counting_deaths(running(job_id="job-d")) is None
 
 
+def test_a_second_claim_by_the_same_job_is_no_death(store):
+    # A delivery checked as possibly stale is claimed once by the check, then again
+    # by the death-counting claim of the same process: one run, no death.
+    store.record_queued([queued()])
+    assert store.mark_running(running(job_id="job-a"))
+    assert store.claim_counting_deaths(running(job_id="job-a")) == 0
+    assert store.claim_counting_deaths(running(job_id="job-b")) == 1
+
+
 def test_a_first_run_of_a_published_try_is_no_death(store):
     store.record_queued([queued()])
     assert store.claim_counting_deaths(running()) == 0
