@@ -26,6 +26,7 @@ from ..states import JobState, TaskState
 from ..urls import mask_secrets, mask_url
 from .engine import create_store_engine
 from .inspect_ops import InspectOperations
+from .liveness_ops import LivenessOperations
 from .migrate import ensure_schema
 from .retention_ops import RetentionOperations
 from .schema import jobs, task_records
@@ -89,7 +90,13 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOperations):
+class Store(
+    SweepOperations,
+    TriggerOperations,
+    InspectOperations,
+    RetentionOperations,
+    LivenessOperations,
+):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:

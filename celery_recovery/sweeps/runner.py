@@ -16,6 +16,7 @@ from .callbacks import deliver_callbacks
 from .context import SweepContext, SweepReport
 from .deferred import sweep_deferred
 from .jobs import sweep_dead_jobs
+from .liveness import sweep_dead_processes
 from .lost_messages import sweep_lost_messages
 from .zombies import sweep_zombies
 
@@ -30,9 +31,11 @@ SWEEP_COMPLETION = "sweep"
 HEARTBEAT_GRACE = "heartbeat-grace"
 
 #: Steps that judge processes dead from their heartbeats; they wait out a grace.
-JUDGING_STEPS = frozenset({"zombies", "dead jobs"})
+JUDGING_STEPS = frozenset({"dead processes", "zombies", "dead jobs"})
 
 STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
+    # First: the zombie step then recovers the running tries of the processes it finds.
+    ("dead processes", sweep_dead_processes),
     ("zombies", sweep_zombies),
     ("lost messages", sweep_lost_messages),
     ("dead jobs", sweep_dead_jobs),
