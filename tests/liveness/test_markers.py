@@ -17,7 +17,7 @@ import pytest
 from celery_recovery import JobState, TaskState
 from celery_recovery.recovery import recovery_for_app
 from tests.services import PG_ADMIN_URL
-from tests.sweeps.helpers import running_try, sweep_until, try_started
+from tests.sweeps.helpers import running_try, succeeded_tries, sweep_until, try_started
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
@@ -65,11 +65,7 @@ def kill_and_recover(client_app, store, worker, result, first) -> float:
     recovered_after = time.monotonic() - killed
     assert result.get(timeout=30) == 2
     assert store.get_job(first["job_id"])["state"] == JobState.FAILED
-    tries = wait_for(
-        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
-        10,
-        what="try 2 to succeed",
-    )
+    tries = succeeded_tries(store, result.id)
     assert [(t["try_number"], t["state"]) for t in tries] == [
         (1, TaskState.UP_FOR_RETRY),
         (2, TaskState.SUCCESS),
