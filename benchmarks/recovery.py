@@ -36,8 +36,10 @@ sys.path[:0] = [str(ROOT)]
 
 from benchmarks.throughput import PG_ADMIN, create_database, drop_database  # noqa: E402
 
-BROKER = "redis://127.0.0.1:6379/13"
-BACKEND = "redis://127.0.0.1:6379/14"
+#: Redis databases of the broker and the result backend (the next one).
+_DB = int(os.environ.get("RECOVERY_BENCH_REDIS_DB", "13"))
+BROKER = f"redis://127.0.0.1:6379/{_DB}"
+BACKEND = f"redis://127.0.0.1:6379/{_DB + 1}"
 TASK_SECONDS = 600  # far longer than any recovery: only the re-run completes
 
 
