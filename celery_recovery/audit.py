@@ -59,6 +59,8 @@ class AuditReason(StrEnum):
     ADOPTION_EXPIRED = "adoption_expired"
     #: Queued longer than ``recovery_queued_timeout`` and never started.
     MESSAGE_LOST = "message_lost"
+    #: Received (prefetched, or held for its ETA) by a worker that died before starting it.
+    RESERVED_BY_DEAD_WORKER = "reserved_by_dead_worker"
     #: The broker delivered a try that no longer needs running.
     STALE_DELIVERY = "stale_delivery"
     #: A try failed by a sweep owes its ``on_failure`` / ``on_retry``.
@@ -71,7 +73,7 @@ class AuditReason(StrEnum):
 
 #: Record keys that name the process that ran the try (a zombie query's join).
 _PROCESS_KEYS = (
-    ("job_id", ("job_id",)),
+    ("job_id", ("job_id", "reserved_by")),
     ("hostname", ("job_hostname", "worker_hostname")),
     ("pid", ("job_pid", "worker_pid")),
     ("last_heartbeat", ("job_heartbeat",)),

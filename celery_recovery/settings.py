@@ -47,6 +47,10 @@ DEFAULT_CALLBACK_TIMEOUT = 30.0
 DEFAULT_TRIGGERER_CAPACITY = 1000
 #: Timing preset whose values are the defaults of the timing settings.
 DEFAULT_PRESET = "default"
+#: Which liveness markers processes hold and sweeps check.
+DEFAULT_LIVENESS_MARKERS = "auto"
+#: The values of recovery_liveness_markers.
+LIVENESS_MARKER_MODES = ("auto", "process", "off")
 #: Port on which sweep and triggerer processes serve Prometheus metrics; None serves nothing.
 DEFAULT_METRICS_PORT: int | None = None
 
@@ -170,6 +174,15 @@ def _preset(key: str, value: Any) -> str:
         allowed = ", ".join(repr(p) for p in PRESETS)
         raise ConfigurationError(f"{key}={value!r} is not a preset; allowed: {allowed}")
     return str(value)
+
+
+def _liveness_markers(key: str, value: Any) -> str:
+    """Marker mode: ``auto``, ``process`` or ``off``."""
+    mode = value.strip().lower() if isinstance(value, str) else value
+    if mode not in LIVENESS_MARKER_MODES:
+        allowed = ", ".join(repr(m) for m in LIVENESS_MARKER_MODES)
+        raise ConfigurationError(f"{key}={value!r} is not a marker mode; allowed: {allowed}")
+    return str(mode)
 
 
 def _database_url(key: str, value: Any) -> str:
@@ -356,6 +369,19 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "stored in the database outside these is refused, never imported.",
     ),
     SettingSpec(
+        "liveness_markers",
+        DEFAULT_LIVENESS_MARKERS,
+        _liveness_markers,
+        "Markers that let a sweep find a dead process without waiting for the zombie "
+        "threshold: a process whose marker is gone and whose heartbeat is late by more than "
+        "one interval is dead at once; one whose marker is present is judged by the threshold. "
+        "`auto`: a PostgreSQL advisory lock on a connection of its own (one per worker, beat "
+        "and triggerer, when the store is PostgreSQL) and the process id with its start time "
+        "(checked by a sweep on the same host). `process`: the second only (use it behind "
+        "PgBouncer in transaction mode, which cannot hold session locks). `off`: heartbeats "
+        "alone. See docs/failure-modes.md.",
+    ),
+    SettingSpec(
         "metrics_port",
         DEFAULT_METRICS_PORT,
         _port,
@@ -402,6 +428,7 @@ class RecoverySettings:
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
     trigger_allowed_modules: tuple[str, ...] | None = None
+    liveness_markers: str = DEFAULT_LIVENESS_MARKERS
     metrics_port: int | None = DEFAULT_METRICS_PORT
     web_token: str | None = field(default=None, repr=False)
     web_credentials: str | None = field(default=None, repr=False)

@@ -19,6 +19,7 @@ from celery import current_app
 from celery.signals import (
     beat_embedded_init,
     beat_init,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -26,6 +27,8 @@ from celery.signals import (
 )
 
 from .. import metrics
+from ..liveness.job import start_lock_marker
+from ..liveness.postgres import stop_holder
 from ..recovery import Recovery, installed, recovery_for_app
 from ..states import JobState, JobType
 from .guard import never_raises
@@ -38,6 +41,17 @@ def _current() -> Recovery | None:
         return found
     every = installed()
     return every[0] if every else None
+
+
+@never_raises
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    # The main process takes the liveness marker before its pool forks, so that the
+    # pool processes share it instead of opening a connection each.
+    app = getattr(sender, "app", None)
+    recovery = recovery_for_app(app) if app is not None else _current()
+    if recovery is not None:
+        label = f"worker {getattr(sender, 'hostname', None) or ''}:{os.getpid()}"
+        start_lock_marker(recovery.settings, label)
 
 
 @never_raises
@@ -83,6 +97,7 @@ def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     recovery = recovery_for_app(app) if app is not None else _current()
     if recovery is not None and recovery.runtime.job_id is not None:
         recovery.runtime.stop_job(JobState.SUCCESS)
+    stop_holder()
 
 
 @never_raises
@@ -107,6 +122,7 @@ def _runs_tasks_in_children(pool: Any) -> bool:
 
 
 def connect() -> None:
+    worker_init.connect(on_worker_init, weak=False, dispatch_uid=__name__ + ".worker_init")
     worker_process_init.connect(on_process_init, weak=False, dispatch_uid=__name__ + ".init")
     worker_process_shutdown.connect(
         on_process_shutdown, weak=False, dispatch_uid=__name__ + ".shutdown"

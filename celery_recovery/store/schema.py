@@ -120,6 +120,21 @@ jobs = Table(
     Column("end_date", UTCDateTime),
     Column("latest_heartbeat", UTCDateTime, nullable=False),
     Column("queues", Text, comment="Comma-separated queues a triggerer serves"),
+    Column(
+        "process_marker",
+        String(200),
+        comment="Boot id, pid namespace and start time of the process (Linux)",
+    ),
+    Column(
+        "marker_lock",
+        BigInteger,
+        comment="PostgreSQL advisory lock key held while the process tree lives",
+    ),
+    Column(
+        "marker_missing_since",
+        UTCDateTime,
+        comment="When a sweep first saw the advisory lock missing",
+    ),
     Index(
         "ix_jobs_live",
         "job_type",

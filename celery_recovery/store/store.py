@@ -29,6 +29,7 @@ from .claim_ops import ClaimOperations
 from .engine import create_store_engine
 from .forks import ForkGate
 from .inspect_ops import InspectOperations
+from .liveness_ops import LivenessOperations
 from .migrate import ensure_schema
 from .reservation_ops import ReservationOperations
 from .retention_ops import RetentionOperations
@@ -109,6 +110,7 @@ class Store(
     RetentionOperations,
     ClaimOperations,
     ReservationOperations,
+    LivenessOperations,
 ):
     """The metadata store at one database URL, safe across threads and forks."""
 

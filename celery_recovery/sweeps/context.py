@@ -35,6 +35,8 @@ class SweepReport:
     lost_messages: int = 0
     lost_republished: int = 0
     dead_jobs: int = 0
+    #: Of the dead jobs, those found by their liveness markers before the threshold.
+    marker_deaths: int = 0
     callbacks_delivered: int = 0
     callbacks_failed: int = 0
     deferred_timeouts: int = 0

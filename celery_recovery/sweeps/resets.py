@@ -146,6 +146,8 @@ _ACTION = {TaskState.UP_FOR_RETRY: AuditAction.REPUBLISHED, TaskState.FAILED: Au
 def _cause(expected_state: TaskState, record: dict[str, Any]) -> AuditReason:
     """Why a try in ``expected_state`` is being recovered: its worker or its message was lost."""
     if expected_state is TaskState.QUEUED:
+        if record.get("reserved_by") is not None:
+            return AuditReason.RESERVED_BY_DEAD_WORKER
         return AuditReason.MESSAGE_LOST
     if record.get("adopted_until") is not None:
         return AuditReason.ADOPTION_EXPIRED

@@ -17,6 +17,7 @@ from .callbacks import deliver_callbacks
 from .context import SweepContext, SweepReport
 from .deferred import sweep_deferred
 from .jobs import sweep_dead_jobs
+from .liveness import sweep_dead_processes
 from .lost_messages import sweep_lost_messages
 from .reserved import sweep_reserved
 from .zombies import sweep_zombies
@@ -32,9 +33,11 @@ SWEEP_COMPLETION = "sweep"
 HEARTBEAT_GRACE = "heartbeat-grace"
 
 #: Steps that judge processes dead from their heartbeats; they wait out a grace.
-JUDGING_STEPS = frozenset({"zombies", "reserved", "dead jobs"})
+JUDGING_STEPS = frozenset({"dead processes", "zombies", "reserved", "dead jobs"})
 
 STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
+    # First: the zombie step then recovers the running tries of the processes it finds.
+    ("dead processes", sweep_dead_processes),
     ("zombies", sweep_zombies),
     # Right after the zombies: a dead worker's reserved messages go with its running tries.
     ("reserved", sweep_reserved),
