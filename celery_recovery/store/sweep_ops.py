@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, or_, select, update
+from sqlalchemy import and_, case, delete, exists, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from ..audit import Decision
 from ..states import JobState, JobType, TaskState
 from .audit_ops import append_decision
-from .schema import callbacks, jobs, leases, task_records
+from .schema import callbacks, jobs, leases, reservations, same_try, task_records
 
 #: Extra age, in seconds, before a running try whose job row is missing counts as
 #: a zombie: the job may have been unable to register while the store was down.
@@ -91,15 +91,26 @@ class SweepOperations:
         with self.transaction() as conn:
             return [dict(row) for row in conn.execute(stmt).mappings()]
 
-    def find_lost(self, now: datetime, timeout: float, limit: int = 500) -> list[dict]:
-        """Queued tries no worker has started within ``timeout`` seconds of when they were due."""
+    def find_lost(
+        self, now: datetime, timeout: float, live_threshold: float, limit: int = 500
+    ) -> list[dict]:
+        """Queued tries no worker has started within ``timeout`` seconds of when they were due,
+        and that no live worker holds (reserved by a job that beat within ``live_threshold``:
+        a prefetched message waiting behind long tasks is not lost)."""
         cutoff = now - timedelta(seconds=timeout)
+        held_by_live_worker = exists().where(
+            same_try(reservations),
+            reservations.c.job_id == jobs.c.id,
+            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.latest_heartbeat >= now - timedelta(seconds=live_threshold),
+        )
         stmt = (
             select(task_records)
             .where(
                 task_records.c.state == TaskState.QUEUED.value,
                 task_records.c.queued_at < cutoff,
                 or_(task_records.c.eta.is_(None), task_records.c.eta < cutoff),
+                ~held_by_live_worker,
             )
             .order_by(task_records.c.queued_at)
             .limit(limit)

@@ -23,7 +23,7 @@ from .resets import reset, take_backend_outcome
 
 def sweep_lost_messages(ctx: SweepContext) -> None:
     settings = ctx.recovery.settings
-    lost = ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout)
+    lost = ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout, settings.zombie_threshold)
     if not lost:
         return
     live = ctx.live_workers()

@@ -122,3 +122,21 @@ def test_a_reservation_superseded_by_the_same_batchs_claim_is_not_written(store)
     with store.transaction() as conn:
         assert conn.execute(select(reservations)).all() == []
     assert store.tries("t1")[0]["state"] == "running"
+
+
+def test_a_try_held_by_a_live_worker_is_never_lost_one_held_by_a_dead_one_is(store):
+    # A prefetched message waits behind long tasks in a live worker: not lost, however old.
+    add_job(store, "live", 0.0)
+    add_job(store, "stale", 10.0)
+    for task_id in ("held-by-live", "held-by-stale", "held-by-nobody"):
+        queue_try(store, task_id)
+    now = utcnow()
+    store.apply_writes(
+        [
+            ("reserved", ("held-by-live", 1, "live", now)),
+            ("reserved", ("held-by-stale", 1, "stale", now - timedelta(seconds=10))),
+        ]
+    )
+    later = now + timedelta(seconds=3600)  # far past any queued timeout
+    lost = {r["task_id"] for r in store.find_lost(later, 600, live_threshold=3600 + THRESHOLD)}
+    assert lost == {"held-by-stale", "held-by-nobody"}
