@@ -19,10 +19,10 @@ from sqlalchemy import Table, delete, exists, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from ..states import FINISHED_TASK_STATES, JobState, TaskState
-from .schema import callbacks, jobs, task_records, triggers
+from .schema import callbacks, jobs, revocations, task_records, triggers
 
 #: Tables ``db clean`` may purge, in the order it purges them.
-RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs")
+RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs", "revocations")
 
 #: Try states that are still in flight and so never deleted.
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
@@ -55,6 +55,9 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
         # A row a sweep is delivering right now (claim not expired) is left alone.
         unclaimed = or_(callbacks.c.claimed_until.is_(None), callbacks.c.claimed_until < now)
         return callbacks, (callbacks.c.id,), (callbacks.c.created_at < cutoff, unclaimed)
+    if name == "revocations":
+        # Only overdue queued tries consult them, and those are decided long before.
+        return revocations, (revocations.c.id,), (revocations.c.created_at < cutoff,)
     raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
@@ -28,6 +28,7 @@ from .engine import create_store_engine
 from .inspect_ops import InspectOperations
 from .migrate import ensure_schema
 from .retention_ops import RetentionOperations
+from .revocation_ops import RevocationOperations
 from .schema import jobs, task_records
 from .sweep_ops import SweepOperations
 from .trigger_ops import TriggerOperations
@@ -89,7 +90,13 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOperations):
+class Store(
+    SweepOperations,
+    TriggerOperations,
+    InspectOperations,
+    RetentionOperations,
+    RevocationOperations,
+):
     """The metadata store at one database URL, safe across threads and forks."""
 
     def __init__(self, url: str) -> None:
@@ -342,7 +349,15 @@ class Store(SweepOperations, TriggerOperations, InspectOperations, RetentionOper
         return insert.on_conflict_do_update(
             index_elements=["task_id", "try_number"],
             set_=claim,
-            where=or_(*(task_records.c.state == str(s) for s in CLAIMABLE_FOR_RUN)),
+            where=or_(
+                *(task_records.c.state == str(s) for s in CLAIMABLE_FOR_RUN),
+                # Revoked by a sweep from what a publisher recorded (a revoke, an expiry,
+                # a purge), yet delivered: the worker runs it, so the record follows.
+                and_(
+                    task_records.c.state == TaskState.REVOKED.value,
+                    task_records.c.recovered_at.is_not(None),
+                ),
+            ),
         )
 
     def _record_late_outcomes(self, conn: Connection, items: Sequence[tuple]) -> None:

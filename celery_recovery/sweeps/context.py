@@ -30,6 +30,8 @@ class SweepReport:
     reconciled: int = 0
     lost_messages: int = 0
     lost_republished: int = 0
+    #: Overdue queued tries ended ``revoked`` (revoked, expired or purged) instead.
+    revoked: int = 0
     dead_jobs: int = 0
     callbacks_delivered: int = 0
     callbacks_failed: int = 0

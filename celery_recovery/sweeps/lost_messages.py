@@ -19,6 +19,7 @@ from celery import states
 from .. import metrics, sentry
 from ..deferral import DEFERRED_STATE
 from ..probe import UNKNOWN, Probe, probe_many
+from ..revocations import revoked_because
 from ..states import TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
@@ -30,12 +31,20 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
     if not lost:
         return
     live = ctx.live_workers()
+    revocations: list[dict[str, Any]] | None = None
+    with ctx.isolated("reading revocations"):
+        revocations = ctx.recovery.store.revocations_for(
+            [r["task_id"] for r in lost], min(r["queued_at"] for r in lost)
+        )
+    if revocations is None:
+        return  # without them a revoked or purged task could be published again
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
         seen = probe_many(ctx.recovery.app, [r["task_id"] for r in lost])
     for record in lost:
         with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
-            action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)), live)
+            probe = seen.get(record["task_id"], Probe(UNKNOWN))
+            action = _handle(ctx, record, probe, live, revocations)
             if action in metrics.definitions.ACTIONS:
                 metrics.sweep_action("lost_message", action)
                 if action != "reconciled":  # a reconciled one ran: its message was not lost
@@ -43,7 +52,11 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
 
 
 def _handle(
-    ctx: SweepContext, record: dict[str, Any], seen: Probe, live: dict[tuple[Any, Any], Any]
+    ctx: SweepContext,
+    record: dict[str, Any],
+    seen: Probe,
+    live: dict[tuple[Any, Any], Any],
+    revocations: list[dict[str, Any]],
 ) -> str | None:
     """Decide on one overdue queued try; returns what was done or None."""
     if seen.state == UNKNOWN:
@@ -52,8 +65,13 @@ def _handle(
     taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded")
     if taken is not None:
         return taken
+    if seen.state == states.REVOKED:
+        return _revoke(ctx, record, "the result backend reports REVOKED")
     if not _never_started(seen, live):
         return None  # started in a live worker: its own signals will catch up
+    why = revoked_because(record, revocations, ctx.now)
+    if why is not None:
+        return _revoke(ctx, record, why)
     ctx.report.lost_messages += 1
     waited = int(ctx.recovery.settings.queued_timeout)
     publish_count = int(record.get("publish_count") or 1) + 1
@@ -70,6 +88,27 @@ def _handle(
     elif result == "failed":
         ctx.report.failed += 1
     return result
+
+
+def _revoke(ctx: SweepContext, record: dict[str, Any], why: str) -> str:
+    """Give an overdue queued try the end its revoke, expiry or purge meant (compare-and-set).
+
+    A delivery that still comes may claim it from there and run (see
+    :mod:`celery_recovery.revocations`).
+    """
+    if ctx.recovery.store.reconcile_try(
+        record["task_id"],
+        record["try_number"],
+        TaskState.QUEUED,
+        record.get("job_id"),
+        TaskState.REVOKED,
+        f"not published again: {why}",
+        ctx.now,
+    ):
+        ctx.report.revoked += 1
+        return "revoked"
+    ctx.report.races_lost += 1
+    return "lost race"
 
 
 def _never_started(seen: Probe, live: dict[tuple[Any, Any], Any]) -> bool:

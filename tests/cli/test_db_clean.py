@@ -78,6 +78,15 @@ def history(store):
         add_trigger(store, "no-such-task", None, created_age=old),
     }
     callbacks_keep = {add_callback(store, recent), add_callback(store, old, claimed_for=60)}
+    # Revocations: only overdue queued tries consult them, long decided after 30 days.
+    long_ago, lately = utcnow() - timedelta(seconds=old), utcnow() - timedelta(seconds=recent)
+    store.record_revocations(
+        [
+            {"kind": "task", "task_id": "revoked-long-ago", "created_at": long_ago},
+            {"kind": "purge", "queue": "q", "created_at": long_ago},
+            {"kind": "task", "task_id": "revoked-lately", "created_at": lately},
+        ]
+    )
     callbacks_gone = {add_callback(store, old), add_callback(store, old, claimed_for=-60)}
     return {
         "keep": keep,
@@ -115,7 +124,7 @@ def test_clean_asks_before_deleting(store, history):
     assert refused.exit_code == 1 and "aborted: nothing deleted" in refused.output
     assert ids(store, callbacks, callbacks.c.id) >= history["callbacks_gone"]
     agreed = run(store.url, "db", "clean", "--before", "30d", input="y\n")
-    assert agreed.exit_code == 0 and "Delete these 10 rows?" in agreed.output
+    assert agreed.exit_code == 0 and "Delete these 12 rows?" in agreed.output
     assert ids(store, callbacks, callbacks.c.id) == history["callbacks_keep"]
 
 
@@ -165,7 +174,13 @@ def test_beat_task_runs_the_same_retention(store, history):
     finally:
         installed.close()
         app.close()
-    assert report["deleted"] == {"callbacks": 2, "triggers": 2, "task_records": 4, "jobs": 2}
+    assert report["deleted"] == {
+        "callbacks": 2,
+        "triggers": 2,
+        "task_records": 4,
+        "jobs": 2,
+        "revocations": 2,
+    }
     assert history["keep"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
     )
