@@ -1,8 +1,10 @@
 """Lost messages: queued tries no worker started within ``recovery_queued_timeout``.
 
 A message can vanish between publisher and worker (a broker restart without
-persistence, a purge, a transport that keeps unacknowledged messages only in
-a worker's memory, a worker SIGKILLed holding prefetched messages).  Only our
+persistence, a purge made outside Celery, a transport that keeps
+unacknowledged messages only in a worker's memory, a worker SIGKILLed holding
+prefetched messages).  A try that was revoked, expired or purged through a
+Recovery app ends ``revoked`` instead (:mod:`celery_recovery.revocations`).  Only our
 publish-time record can tell "still queued" from "lost": the result backend
 reads ``PENDING`` for both.  For a later try the backend still shows what the
 earlier try left there (``RETRY``, or ``STARTED`` by a process now dead), or
