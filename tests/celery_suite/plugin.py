@@ -74,14 +74,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             )
 
 
+def pytest_runtest_logfinish() -> None:
+    # After every test, so that a run stopped by the comparison's timeout still reports.
+    _write_report(None)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    _write_report(_after_the_run(_installed[0]) if _installed else None)
+
+
+def _write_report(recovery: dict[str, Any] | None) -> None:
     if not REPORT_PATH:
         return
-    report: dict[str, Any] = {"outcomes": _outcomes, "durations": _durations, "recovery": None}
-    if _installed:
-        report["recovery"] = _after_the_run(_installed[0])
-    with open(REPORT_PATH, "w") as out:
+    report = {"outcomes": _outcomes, "durations": _durations, "recovery": recovery}
+    with open(REPORT_PATH + ".part", "w") as out:
         json.dump(report, out, indent=1, default=str)
+    os.replace(REPORT_PATH + ".part", REPORT_PATH)
 
 
 def _after_the_run(recovery: Any) -> dict[str, Any]:
