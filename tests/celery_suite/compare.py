@@ -267,6 +267,12 @@ def compare(
             "store_after_run": runs["with"]["recovery"],
         },
         "slowest_without": _slowest(runs["without"]),
+        "failed_in_both": sorted(
+            test
+            for test, outcome in runs["without"]["outcomes"].items()
+            if outcome in ("failed", "error")
+            and runs["with"]["outcomes"].get(test) in ("failed", "error")
+        ),
         "differences": diffs,
         "regressions": [d["test"] for d in diffs if d["regression"]],
         "log_tails": {
