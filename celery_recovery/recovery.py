@@ -67,14 +67,12 @@ class Recovery:
         from . import signals
         from .execution import install_stale_delivery_guard
         from .retention import register_clean_task
-        from .revocations import install_control_hooks
         from .sweeps.tasks import register_sweep_task
 
         with _install_lock:
             setattr(app, _ATTRIBUTE, self)
             _installed.append(self)
             signals.connect()
-            install_control_hooks()
         register_sweep_task(self)
         register_clean_task(self)
         install_stale_delivery_guard(self)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from . import processes, publish, tasks
+from . import control, processes, publish, tasks
 
 _connected = False
 _lock = threading.Lock()
@@ -23,6 +23,7 @@ def connect() -> None:
         publish.connect()
         tasks.connect()
         processes.connect()
+        control.connect()
         _connected = True
 
 
