@@ -1,16 +1,20 @@
 """Recovery speed: SIGKILL to completion, per preset, and the cost of an idle sweep.
 
-1. For each preset (aggressive, default): start workers, give every pool
-   process a task (long on its first try, short once recovered), SIGKILL all
-   those workers at once (fresh workers are already up), sweep every
-   ``sweep_interval`` (as beat would), and time each killed task from the kill
-   to its completion.  Redis broker and backend, PostgreSQL store.
+1. For each preset (aggressive, default) and liveness marker mode: start
+   workers, give every pool process a task (long on its first try, short once
+   recovered), SIGKILL all those workers at once (fresh workers are already
+   up), sweep every ``sweep_interval`` (as beat would), and time each killed
+   task from the kill to its completion.  Redis broker and backend,
+   PostgreSQL store.  Marker modes: ``off`` (heartbeats alone, as before
+   markers), ``auto`` (this sweep runs on the workers' host, so it sees their
+   processes are gone), ``lock`` (``auto`` with the process markers erased,
+   as a sweep on another host sees them: the advisory lock alone).
 2. One sweep pass over PostgreSQL holding 1,000,000 finished tries and 10,000
    running tries of live workers (nothing to do): its duration.
 
 Prints JSON.
 
-    python benchmarks/recovery.py --workers 5 --concurrency 2
+    python benchmarks/recovery.py --workers 5 --concurrency 2 --markers off,auto,lock
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -32,12 +37,16 @@ sys.path[:0] = [str(ROOT)]
 
 from benchmarks.throughput import PG_ADMIN, create_database, drop_database  # noqa: E402
 
-BROKER = "redis://127.0.0.1:6379/13"
-BACKEND = "redis://127.0.0.1:6379/14"
+#: Redis databases of the broker and the result backend (the next one).
+_DB = int(os.environ.get("RECOVERY_BENCH_REDIS_DB", "13"))
+BROKER = f"redis://127.0.0.1:6379/{_DB}"
+BACKEND = f"redis://127.0.0.1:6379/{_DB + 1}"
 TASK_SECONDS = 600  # far longer than any recovery: only the re-run completes
 
 
-def start_worker(name: str, queue: str, store_url: str, preset: str, concurrency: int):
+def start_worker(
+    name: str, queue: str, store_url: str, preset: str, concurrency: int, markers: str = "auto"
+):
     from celery_recovery.beat_schedules import preset_settings
 
     env = {
@@ -50,6 +59,7 @@ def start_worker(name: str, queue: str, store_url: str, preset: str, concurrency
         "RECOVERY_TEST_QUEUE": queue,
         "CELERY_RECOVERY_DATABASE_URL": store_url,
         "CELERY_RECOVERY_PRESET": preset,
+        "CELERY_RECOVERY_LIVENESS_MARKERS": "off" if markers == "off" else "auto",
         # Sweeps come from this benchmark (standing in for beat), not the fallback.
         "CELERY_RECOVERY_SWEEP_INTERVAL": str(preset_settings(preset)["sweep_interval"]),
     }
@@ -80,22 +90,34 @@ def start_worker(name: str, queue: str, store_url: str, preset: str, concurrency
     )
 
 
-def kill_to_completion(preset: str, workers: int, concurrency: int, store_url: str) -> dict:
+def kill_to_completion(
+    preset: str, workers: int, concurrency: int, store_url: str, markers: str = "auto"
+) -> dict:
     from celery_recovery.recovery import recovery_for_app
     from tests.apps.lifecycle import create_app
 
     queue = f"bench-recovery-{uuid.uuid4().hex[:8]}"
-    app = create_app(BROKER, BACKEND, queue, {"database_url": store_url, "preset": preset})
+    mode = "off" if markers == "off" else "auto"
+    app = create_app(
+        BROKER,
+        BACKEND,
+        queue,
+        {"database_url": store_url, "preset": preset, "liveness_markers": mode},
+    )
     recovery = recovery_for_app(app)
     doomed = [
-        start_worker(f"doomed{i}", queue, store_url, preset, concurrency) for i in range(workers)
+        start_worker(f"doomed{i}", queue, store_url, preset, concurrency, markers)
+        for i in range(workers)
     ]
     count = workers * concurrency
     _wait(lambda: len(recovery.store.list_jobs("worker")) >= count, 120)
+    if markers == "lock":
+        _erase_process_markers(recovery.store)
     results = [app.send_task("lifecycle.slow_first_try", (TASK_SECONDS, 0.2)) for _ in range(count)]
     _wait(lambda: len(recovery.store.list_tries(state="running", limit=count)) == count, 120)
     survivors = [
-        start_worker(f"survivor{i}", queue, store_url, preset, concurrency) for i in range(2)
+        start_worker(f"survivor{i}", queue, store_url, preset, concurrency, markers)
+        for i in range(2)
     ]
     time.sleep(3)  # survivors up before the kill, as in a real cluster
     from celery_recovery.timeutils import utcnow
@@ -109,8 +131,11 @@ def kill_to_completion(preset: str, workers: int, concurrency: int, store_url: s
     done: dict[str, float] = {}
     interval = recovery.settings.sweep_interval
     deadline = killed + recovery.settings.zombie_threshold + interval * 4 + 120
+    next_sweep = killed + interval * random.random()  # beat's phase is unrelated to the kill
     while len(done) < count and time.monotonic() < deadline:
-        recovery.sweep()
+        if time.monotonic() >= next_sweep:
+            recovery.sweep()
+            next_sweep += interval
         for result in results:
             if (
                 result.id not in done
@@ -118,7 +143,7 @@ def kill_to_completion(preset: str, workers: int, concurrency: int, store_url: s
                 and _started_again(recovery, result.id, killed_wall)
             ):
                 done[result.id] = time.monotonic() - killed
-        time.sleep(min(interval, 0.5) if len(done) < count else 0)
+        time.sleep(0.1 if len(done) < count else 0)
     for proc in survivors:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -126,6 +151,7 @@ def kill_to_completion(preset: str, workers: int, concurrency: int, store_url: s
     times = sorted(done.values())
     return {
         "preset": preset,
+        "markers": markers,
         "killed_tasks": count,
         "worker_kills": workers,
         "recovered": len(times),
@@ -136,6 +162,15 @@ def kill_to_completion(preset: str, workers: int, concurrency: int, store_url: s
         "kill_to_completion_p50_s": round(statistics.median(times), 2) if times else None,
         "kill_to_completion_max_s": round(max(times), 2) if times else None,
     }
+
+
+def _erase_process_markers(store) -> None:
+    from sqlalchemy import update
+
+    from celery_recovery.store.schema import jobs
+
+    with store.transaction() as conn:
+        conn.execute(update(jobs).values(process_marker=None))
 
 
 def _started_again(recovery, task_id: str, since) -> bool:
@@ -219,6 +254,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=5, help="workers SIGKILLed at once")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--presets", default="aggressive,default")
+    parser.add_argument(
+        "--markers", default="auto", help="liveness marker modes to compare: off, auto, lock"
+    )
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--running", type=int, default=10_000)
     parser.add_argument("--passes", type=int, default=20)
@@ -226,12 +264,15 @@ def main() -> None:
     args = parser.parse_args()
     out: dict = {"kills": [], "idle_sweep": None}
     for preset in args.presets.split(","):
-        name = create_database()
-        try:
-            url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-            out["kills"].append(kill_to_completion(preset, args.workers, args.concurrency, url))
-        finally:
-            drop_database(name)
+        for markers in args.markers.split(","):
+            name = create_database()
+            try:
+                url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+                out["kills"].append(
+                    kill_to_completion(preset, args.workers, args.concurrency, url, markers)
+                )
+            finally:
+                drop_database(name)
     if not args.skip_idle:
         name = create_database()
         try:

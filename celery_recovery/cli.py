@@ -312,7 +312,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 # The operator commands register themselves on the group and ``db`` defined above.
-from . import cli_clean, cli_inspect, cli_jobs  # noqa: E402, F401
+from . import cli_clean, cli_inspect, cli_jobs, cli_web  # noqa: E402, F401
 
 
 def main() -> None:

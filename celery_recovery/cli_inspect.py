@@ -17,6 +17,7 @@ from .cli_output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_
 from .cli_support import dead_after, store_of
 from .settings import RecoverySettings
 from .states import JobState, JobType, TaskState
+from .store.sweep_ops import MISSING_JOB_GRACE
 from .timeutils import utcnow
 from .urls import mask_secrets, mask_url
 
@@ -46,7 +47,10 @@ def inspect() -> None:
 def zombies(ctx: click.Context, as_json: bool, limit: int) -> None:
     """Running tries whose worker stopped heartbeating (older than recovery_zombie_threshold).
 
-    These are what the next sweep will probe, then retry or fail.
+    These are what the next sweep will probe, then retry or fail.  Running
+    tries whose worker is already silent (no heartbeat for two intervals) but
+    not yet past the threshold are listed too, with the time left before they
+    are judged: right after a kill, that is where the killed worker's tasks are.
 
     \b
     Example:
@@ -54,32 +58,67 @@ def zombies(ctx: click.Context, as_json: bool, limit: int) -> None:
     """
     now = utcnow()
     with store_of(ctx) as (store, settings):
-        found = store.find_zombies(now, settings.zombie_threshold, limit)
-    rows = [
-        {
-            "task_id": r["task_id"],
-            "try_number": r["try_number"],
-            "task_name": r["task_name"],
-            "queue": r["queue"],
-            "worker_host": r["job_hostname"] or r["worker_hostname"],
-            "worker_pid": r["job_pid"] or r["worker_pid"],
-            "job_id": r["job_id"],
-            "job_state": r["job_state"],
-            "heartbeat_age": age_seconds(now, r["job_heartbeat"]),
-            "started_at": r["started_at"],
-        }
-        for r in found
-    ]
+        silent_after = SILENT_HEARTBEATS * settings.heartbeat_interval
+        found = store.find_zombies(now, min(silent_after, settings.zombie_threshold), limit)
+    rows = [_zombie_row(r, now, settings.zombie_threshold) for r in found]
     columns = [
         Column("TASK ID", "task_id"),
         Column("TRY", "try_number"),
         Column("TASK", "task_name"),
-        Column("WORKER HOST", "worker_host"),
+        Column("WORKER", "worker"),
         Column("PID", "worker_pid"),
         Column("HEARTBEAT AGE", "heartbeat_age", seconds_text),
+        Column("STATUS", "status"),
         Column("STARTED", "started_at"),
     ]
-    emit(rows, columns, as_json, "no zombies: every running try has a live worker")
+    emit(
+        rows,
+        columns,
+        as_json,
+        f"no zombies: every running try's worker heartbeat is under {silent_after:g}s old",
+    )
+    silent = [r for r in rows if r["judged_in"]]
+    if silent and not as_json:
+        soonest = min(r["judged_in"] for r in silent)
+        click.echo(
+            f"{len(silent)} running {'try has' if len(silent) == 1 else 'tries have'} a silent "
+            f"worker, not yet a zombie: judged at recovery_zombie_threshold="
+            f"{settings.zombie_threshold:g}s, the first in {soonest:.1f}s"
+        )
+
+
+#: Heartbeat intervals without a beat after which a worker counts as silent.
+SILENT_HEARTBEATS = 2
+
+
+def _zombie_row(r: dict[str, Any], now: datetime, threshold: float) -> dict[str, Any]:
+    """One row of `inspect zombies`: a zombie, or a silent worker's try with the seconds
+    left before the sweep's own test (sweep_ops.find_zombies) calls it one."""
+    age = age_seconds(now, r["job_heartbeat"])
+    judged_in: float | None = None
+    if r["adopted_until"] is None:
+        if r["job_state"] == JobState.RUNNING and age is not None and age < threshold:
+            judged_in = threshold - age
+        elif r["job_state"] is None and r["started_at"] is not None:
+            # A job that never registered gets a grace period on top of the threshold.
+            left = threshold + MISSING_JOB_GRACE - (now - r["started_at"]).total_seconds()
+            judged_in = left if left > 0 else None
+    silent = judged_in is not None
+    return {
+        "task_id": r["task_id"],
+        "try_number": r["try_number"],
+        "task_name": r["task_name"],
+        "queue": r["queue"],
+        # The Celery node name (celery@host), as `inspect tasks` and Celery's own tools show.
+        "worker": r["job_node_name"] or r["worker_hostname"],
+        "worker_pid": r["job_pid"] or r["worker_pid"],
+        "job_id": r["job_id"],
+        "job_state": r["job_state"],
+        "heartbeat_age": age,
+        "status": "silent" if silent else "zombie",
+        "judged_in": round(judged_in, 1) if judged_in is not None else None,
+        "started_at": r["started_at"],
+    }
 
 
 @inspect.command("orphans")
@@ -270,7 +309,6 @@ def tasks(
                 "task_name",
                 "state",
                 "queue",
-                "worker_hostname",
                 "worker_pid",
                 "job_id",
                 "queued_at",
@@ -281,6 +319,7 @@ def tasks(
                 "error",
             )
         }
+        | {"worker": r["worker_hostname"]}  # Celery's node name, as in `inspect zombies`
         for r in found
     ]
     columns = [
@@ -289,7 +328,7 @@ def tasks(
         Column("TASK", "task_name"),
         Column("STATE", "state", coloured=True),
         Column("QUEUE", "queue"),
-        Column("WORKER HOST", "worker_hostname"),
+        Column("WORKER", "worker"),
         Column("UPDATED", "updated_at"),
         Column("REASON", "state_reason", lambda v: _clip(v or "-", 60)),
     ]

@@ -8,14 +8,25 @@ restores a message whose task is still running past the visibility timeout.
 
 The check runs at ``task_prerun``, before the try is claimed, and only for
 deliveries that can be stale (so the hot path does not pay a round trip):
-those the broker marks redelivered, resumes of deferred tries, and those
+those the broker marks redelivered, resumes of deferred tries, those
 published longer ago than half of ``recovery_queued_timeout`` (the
-lost-message sweep only replaces older ones).  A delivery is dropped when its
-try was superseded by a later try, is already finished, is deferred, or is
-running in a live job.  Signals cannot skip a task body, so
-:func:`install_stale_delivery_guard` gives every task of the app a
-``before_start`` that raises ``Ignore`` for a dropped delivery (and the
-``__call__`` that runs a resumed try's method, see :mod:`.deferral`).
+lost-message sweep only replaces older ones), and those that waited in this
+worker longer than a heartbeat interval (the reserved sweep replaces the
+messages of a worker judged dead, which a paused one still holds).  A
+delivery is dropped when its try was superseded by a later try, is already
+finished, is deferred, or is running in a live job.  One that may be stale
+and is not is claimed at once, not through the writer: a sweep replacing the
+try at the same moment then either sees the claim or makes the claim fail.
+Signals cannot skip a task body, so :func:`install_stale_delivery_guard`
+gives every task of the app a ``before_start`` that raises ``Ignore`` for a
+dropped delivery (and the ``__call__`` that runs a resumed try's method, see
+:mod:`.deferral`).
+
+Celery's built-in tasks are guarded too.  ``celery.chord_unlock`` retries
+itself until its chord's header is ready, each retry a new try of the same
+task id, so a restored copy of an earlier try is dropped as superseded; the
+chord body itself is published under a claim (see :mod:`.canvas`), which also
+covers two copies of the same try.
 """
 
 from __future__ import annotations
@@ -30,19 +41,25 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
 
+from .audit import stale_delivery
 from .deferral import RESUME_HEADER, install_resume
 from .errors import StoreError
-from .messages import try_number_of
-from .republish import PUBLISHED_AT_HEADER
+from .messages import record_from_request, try_number_of
+from .republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
 from .states import FINISHED_TASK_STATES, JobState, TaskState
 from .timeutils import utcnow
 
 if TYPE_CHECKING:
     from .recovery import Recovery
+    from .settings import RecoverySettings
 
 logger = logging.getLogger("celery_recovery.execution")
 
 _GUARDED = "_celery_recovery_guarded"
+#: Celery's built-in tasks (``celery.chord_unlock``, ``celery.map``...): guarded like the
+#: user's, since a stale copy of one repeats its work (an unlock publishes a chord body).
+BUILTIN_TASKS_PREFIX = "celery."
+OWN_TASKS_PREFIX = "celery_recovery."
 _dropped = threading.local()
 _IN_LIVE_JOB = "the try is running in live job"
 
@@ -53,8 +70,10 @@ def install_stale_delivery_guard(recovery: Recovery) -> None:
 
     def guard_all(*_: Any, **__: Any) -> None:
         for task in list(app.tasks.values()):
-            if not task.name.startswith(("celery.", "celery_recovery.")):
-                _guard(type(task))
+            if task.name.startswith(OWN_TASKS_PREFIX):
+                continue  # the sweeps: idempotent, and they must run when the store is odd
+            _guard(type(task))
+            if not task.name.startswith(BUILTIN_TASKS_PREFIX):
                 install_resume(type(task))
 
     if app.finalized:
@@ -66,7 +85,7 @@ def install_stale_delivery_guard(recovery: Recovery) -> None:
 def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
     """At ``task_prerun``: True (and the body will be skipped) for a stale delivery."""
     request = task.request
-    if not _may_be_stale(request, recovery.settings.queued_timeout):
+    if not _may_be_stale(request, recovery.settings):
         return False
     try_number = try_number_of(request)
     runtime = recovery.runtime
@@ -90,7 +109,13 @@ def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
             return False
         why = _stale_because(view, try_number, fresh)
     if why is None:
-        return False
+        try:
+            if runtime.store.mark_running(record_from_request(task, utcnow(), runtime.job_id)):
+                return False
+        except StoreError as exc:
+            runtime.health.record_failure(exc, f"claiming a redelivery of {task_id}")
+            return False
+        why = "the try changed while this delivery was checked (a sweep replaced it)"
     logger.warning(
         "celery-recovery: dropping stale delivery of %s[%s] try %d: %s",
         task.name,
@@ -98,8 +123,15 @@ def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
         try_number,
         why,
     )
-    _dropped.task_id = task_id
+    runtime.write("audit", stale_delivery(task.name, task_id, try_number, why, view))
+    drop_delivery(task_id)
     return True
+
+
+def drop_delivery(task_id: str) -> None:
+    """Skip the body of the delivery of ``task_id`` this thread is about to run
+    (its ``before_start`` raises ``Ignore``, and the message is acknowledged)."""
+    _dropped.task_id = task_id
 
 
 def _settle_owner(
@@ -194,13 +226,16 @@ def _guard(cls: type) -> None:
     setattr(cls, _GUARDED, True)
 
 
-def _may_be_stale(request: Any, queued_timeout: float) -> bool:
+def _may_be_stale(request: Any, settings: RecoverySettings) -> bool:
     delivery = request.delivery_info or {}
     if delivery.get("redelivered"):
         return True
     if getattr(request, RESUME_HEADER, None) is not None:
         return True  # a triggerer that died after publishing may have published it twice
+    reserved = getattr(request, RESERVED_AT_HEADER, None)
+    if isinstance(reserved, int | float) and time.time() - reserved > settings.heartbeat_interval:
+        return True
     published = getattr(request, PUBLISHED_AT_HEADER, None)
     if isinstance(published, int | float):
-        return time.time() - published > queued_timeout / 2
+        return time.time() - published > settings.queued_timeout / 2
     return False

@@ -24,7 +24,17 @@ MAX_RECORDED_PAYLOAD = 1024 * 1024
 
 #: Headers that are columns of their own, or are rebuilt when the task is published again.
 _HEADERS_NOT_KEPT = frozenset(
-    {"id", "task", "retries", "argsrepr", "kwargsrepr", "eta", "expires", "recovery_published_at"}
+    {
+        "id",
+        "task",
+        "retries",
+        "argsrepr",
+        "kwargsrepr",
+        "eta",
+        "expires",
+        "recovery_published_at",
+        "recovery_reserved_at",
+    }
 )
 #: Request attributes kept as headers when a worker creates the record.
 _REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "origin")

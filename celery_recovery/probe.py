@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery, states
 from celery.backends.base import BaseKeyValueStoreBackend
+
+from .deferral import DEFERRED_STATE
 
 logger = logging.getLogger("celery_recovery.probe")
 
@@ -69,3 +72,18 @@ def _from_meta(meta: dict[str, Any]) -> Probe:
     if state == states.STARTED and isinstance(result, dict):
         hostname, pid = result.get("hostname"), result.get("pid")
     return Probe(state, result, hostname, pid)
+
+
+def never_started(seen: Probe, live: Mapping[tuple[Any, Any], Any]) -> bool:
+    """Whether the backend's state leaves a queued try unstarted.
+
+    ``live`` holds the live worker jobs by (node name, pid).  ``PENDING``:
+    nothing ever started.  ``DEFERRED``: its trigger fired and the resume was
+    published (a started resume stores ``STARTED``).  ``RETRY``: the earlier try
+    retried and published this one (a start of this try would have stored
+    ``STARTED``, or its signals would have claimed it).  ``STARTED`` by a
+    process that is not a live worker: the earlier try, which died.
+    """
+    if seen.state in (states.PENDING, states.RETRY, DEFERRED_STATE):
+        return True
+    return seen.state == states.STARTED and (seen.hostname, seen.pid) not in live

@@ -65,6 +65,7 @@ class Recovery:
         #: Called for every try a sweep fails or retries (see add_failure_listener).
         self.failure_listeners: list[Callable[..., Any]] = []
         from . import signals
+        from .canvas import install_chord_body_once
         from .execution import install_stale_delivery_guard
         from .retention import register_clean_task
         from .sweeps.tasks import register_sweep_task
@@ -76,6 +77,7 @@ class Recovery:
         register_sweep_task(self)
         register_clean_task(self)
         install_stale_delivery_guard(self)
+        install_chord_body_once(self)
         logger.debug("celery-recovery installed on app %r, store %s", app.main, self.store)
 
     def __repr__(self) -> str:
@@ -109,7 +111,9 @@ class Recovery:
 
         It runs (from the sweep, under ``recovery_callback_timeout``) for every
         try a sweep failed (``kind="failure"``) or retried (``kind="retry"``)
-        because its worker or message was lost.  Usable as a decorator.
+        because its worker or message was lost, and for every try whose pool
+        process died under a live worker (failed, or retried by Celery's
+        ``task_retry_on_worker_lost``).  Usable as a decorator.
         """
         self.failure_listeners.append(listener)
         return listener

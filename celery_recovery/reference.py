@@ -85,7 +85,12 @@ def render_configuration() -> str:
         "Every setting can be given in three places; a later one wins:",
         "",
         f"1. `app.conf` (or `config_from_object`): `{PREFIX}<name>`, e.g. "
-        f"`app.conf.{PREFIX}zombie_threshold = 60`.",
+        f"`app.conf.{PREFIX}zombie_threshold = 60`. An app configured with "
+        '`config_from_object(settings, namespace="CELERY")` (every Django project) reads '
+        f"them as Celery reads its own: `CELERY_{PREFIX.upper()}<NAME>`, e.g. "
+        f"`CELERY_{PREFIX.upper()}DATABASE_URL`. A key that looks like one of ours but is not "
+        "read under the app's namespace is warned about at start, and refused when it is the "
+        "database URL and names another store than the one that would be used.",
         f"2. The environment of the process: `{ENV_PREFIX}<NAME>`, e.g. "
         f"`{ENV_PREFIX}ZOMBIE_THRESHOLD=60`.",
         "3. Keyword arguments: `Recovery(app, zombie_threshold=60)` (with or without the "

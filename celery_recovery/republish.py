@@ -1,9 +1,9 @@
 """Publish a recorded task again, as the next try of the same task id.
 
 This follows Celery's own retry convention: same task id, ``retries`` one
-higher, the original queue or exchange and routing key, priority, linked
-callbacks, chain, chord and custom headers.  The arguments come from the
-record's JSON; nothing is unpickled.
+higher, the original queue or exchange and routing key, priority, ETA (while
+it is still ahead), linked callbacks, chain, chord and custom headers.  The
+arguments come from the record's JSON; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery
 
-from .timeutils import as_utc
+from .timeutils import as_utc, utcnow
 
 #: Headers Celery sets itself on every publish; everything else is the user's own.
 _PROTOCOL_HEADERS = frozenset(
@@ -41,6 +41,8 @@ _PROTOCOL_HEADERS = frozenset(
 
 #: Header our publish handler stamps; a republish gets a fresh one.
 PUBLISHED_AT_HEADER = "recovery_published_at"
+#: Request attribute a worker's main process stamps when it receives the message.
+RESERVED_AT_HEADER = "recovery_reserved_at"
 
 
 def republish(app: Celery, record: dict[str, Any], try_number: int) -> Any:
@@ -48,13 +50,18 @@ def republish(app: Celery, record: dict[str, Any], try_number: int) -> Any:
     headers = dict(record.get("headers") or {})
     embed = (record.get("options") or {}).get("embed") or {}
     custom = {
-        k: v for k, v in headers.items() if k not in _PROTOCOL_HEADERS and k != PUBLISHED_AT_HEADER
+        k: v
+        for k, v in headers.items()
+        if k not in _PROTOCOL_HEADERS and k not in (PUBLISHED_AT_HEADER, RESERVED_AT_HEADER)
     }
     timelimit = headers.get("timelimit") or (None, None)
+    eta = as_utc(record.get("eta"))
     options: dict[str, Any] = {
         "task_id": record["task_id"],
         "retries": try_number - 1,
         "expires": as_utc(record.get("expires")),
+        # An ETA or countdown task published again still waits for its time.
+        "eta": eta if eta is not None and eta > utcnow() else None,
         "link": embed.get("callbacks"),
         "link_error": embed.get("errbacks"),
         "chain": embed.get("chain"),

@@ -1,8 +1,8 @@
 """Retention of finished history: ``db clean`` and the ``celery_recovery.db_clean`` task.
 
-Finished jobs, finished tries, stale callback rows and triggers of finished
-tries older than a cutoff are deleted in batches, each its own short
-transaction (see :mod:`celery_recovery.store.retention_ops`), so a clean of
+Finished jobs, finished tries, stale callback rows, triggers of finished
+tries and recovery audit rows older than a cutoff are deleted in batches,
+each its own short transaction (see :mod:`celery_recovery.store.retention_ops`), so a clean of
 millions of rows never holds a lock a sweep needs for longer than one batch.
 
 Schedule it from beat::

@@ -18,6 +18,8 @@ from typing import Any
 from .errors import ConfigurationError
 from .health import StoreHealth
 from .heartbeat import HeartbeatThread
+from .liveness.job import job_markers
+from .liveness.postgres import stop_holder
 from .locks import IdempotencyLocks, LeaseRenewer
 from .settings import RecoverySettings
 from .states import JobState, JobType
@@ -89,6 +91,7 @@ class ProcessRuntime:
             "start_date": now,
             "latest_heartbeat": now,
             "queues": queues,
+            **job_markers(self.settings, f"{job_type} {socket.gethostname()}:{os.getpid()}"),
         }
         self.heartbeat = HeartbeatThread(
             self.store, self.health, job, self.settings.heartbeat_interval, on_beat=on_beat
@@ -110,3 +113,4 @@ class ProcessRuntime:
             return
         self.stop_job(JobState.SUCCESS)
         self.writer.close()
+        stop_holder()

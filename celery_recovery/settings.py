@@ -38,12 +38,19 @@ DEFAULT_ADOPTION_TIMEOUT = 600.0
 
 #: Times a lost message is published again before its task is failed.
 DEFAULT_MAX_REPUBLISH = 3
+#: Runs of one try that may end with the death of their process, for a task whose
+#: ``max_retries`` is None: as many as Celery's default ``max_retries`` (3) allows.
+DEFAULT_MAX_LOST_RUNS = 4
 #: Seconds one failure callback or listener may run before the sweep moves on.
 DEFAULT_CALLBACK_TIMEOUT = 30.0
 #: Triggers one triggerer process runs at once.
 DEFAULT_TRIGGERER_CAPACITY = 1000
 #: Timing preset whose values are the defaults of the timing settings.
 DEFAULT_PRESET = "default"
+#: Which liveness markers processes hold and sweeps check.
+DEFAULT_LIVENESS_MARKERS = "auto"
+#: The values of recovery_liveness_markers.
+LIVENESS_MARKER_MODES = ("auto", "process", "off")
 #: Port on which sweep and triggerer processes serve Prometheus metrics; None serves nothing.
 DEFAULT_METRICS_PORT: int | None = None
 
@@ -169,6 +176,15 @@ def _preset(key: str, value: Any) -> str:
     return str(value)
 
 
+def _liveness_markers(key: str, value: Any) -> str:
+    """Marker mode: ``auto``, ``process`` or ``off``."""
+    mode = value.strip().lower() if isinstance(value, str) else value
+    if mode not in LIVENESS_MARKER_MODES:
+        allowed = ", ".join(repr(m) for m in LIVENESS_MARKER_MODES)
+        raise ConfigurationError(f"{key}={value!r} is not a marker mode; allowed: {allowed}")
+    return str(mode)
+
+
 def _database_url(key: str, value: Any) -> str:
     """Database URL: ``sqlite:///<file>`` (a file, not ``:memory:``) or
     ``postgresql+psycopg://user:password@host/dbname`` (``postgresql://`` and
@@ -200,6 +216,32 @@ def _redis_url(key: str, value: Any) -> str | None:
         raise ConfigurationError(
             f"{key}={mask_url(value)!r} is not a valid Redis URL: {mask_secrets(str(exc))}"
         ) from None
+    return value
+
+
+#: Shortest ``recovery_web_token`` accepted: long enough that guessing it is hopeless.
+MIN_WEB_TOKEN_LENGTH = 16
+
+
+def _web_token(key: str, value: Any) -> str | None:
+    """Secret: a string of at least 16 characters; unset or empty means none."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value.strip()) < MIN_WEB_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"{key} must be a string of at least {MIN_WEB_TOKEN_LENGTH} characters "
+            "(e.g. from `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+        )
+    return value.strip()
+
+
+def _web_credentials(key: str, value: Any) -> str | None:
+    """Secret: ``user:password``, both parts non-empty; unset or empty means none."""
+    if value is None or value == "":
+        return None
+    user, colon, password = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not (user and colon and password):
+        raise ConfigurationError(f"{key} must be 'user:password' with both parts non-empty")
     return value
 
 
@@ -294,6 +336,16 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "`max_retries` instead.",
     ),
     SettingSpec(
+        "max_lost_runs",
+        DEFAULT_MAX_LOST_RUNS,
+        _positive_count,
+        "Runs of one try that may each end with the death of their process (its message "
+        "coming back, with `acks_late`) before the try is failed instead of run again, for "
+        "a task whose `max_retries` is None (Celery's retry for ever). A task with a "
+        "`max_retries` gets `max_retries + 1` runs in all, each death counting as a retry. "
+        "See docs/failure-modes.md.",
+    ),
+    SettingSpec(
         "callback_timeout",
         DEFAULT_CALLBACK_TIMEOUT,
         _duration,
@@ -317,6 +369,19 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "stored in the database outside these is refused, never imported.",
     ),
     SettingSpec(
+        "liveness_markers",
+        DEFAULT_LIVENESS_MARKERS,
+        _liveness_markers,
+        "Markers that let a sweep find a dead process without waiting for the zombie "
+        "threshold: a process whose marker is gone and whose heartbeat is late by more than "
+        "one interval is dead at once; one whose marker is present is judged by the threshold. "
+        "`auto`: a PostgreSQL advisory lock on a connection of its own (one per worker, beat "
+        "and triggerer, when the store is PostgreSQL) and the process id with its start time "
+        "(checked by a sweep on the same host). `process`: the second only (use it behind "
+        "PgBouncer in transaction mode, which cannot hold session locks). `off`: heartbeats "
+        "alone. See docs/failure-modes.md.",
+    ),
+    SettingSpec(
         "metrics_port",
         DEFAULT_METRICS_PORT,
         _port,
@@ -324,6 +389,22 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "read it: `celery-recovery sweep --loop` (its `--metrics-port` overrides it), the "
         "triggerer, and a worker's main process when `PROMETHEUS_MULTIPROC_DIR` is set (or "
         "its pool runs tasks in the main process). Unset: nothing listens. See docs/metrics.md.",
+    ),
+    SettingSpec(
+        "web_token",
+        None,
+        _web_token,
+        "Bearer token the console (`celery-recovery web`) requires of every request "
+        "(`Authorization: Bearer TOKEN`, or `?token=TOKEN` once, which sets a cookie). "
+        "Unset: no token. The console refuses to serve on an interface other than the "
+        "loopback without this or `recovery_web_credentials`. See docs/console.md.",
+    ),
+    SettingSpec(
+        "web_credentials",
+        None,
+        _web_credentials,
+        "`user:password` the console requires with HTTP basic authentication. Unset: none. "
+        "Prefer the environment variable, so the password stays out of code.",
     ),
 )
 
@@ -343,10 +424,14 @@ class RecoverySettings:
     queued_timeout: float = DEFAULT_QUEUED_TIMEOUT
     adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
     max_republish: int = DEFAULT_MAX_REPUBLISH
+    max_lost_runs: int = DEFAULT_MAX_LOST_RUNS
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
     trigger_allowed_modules: tuple[str, ...] | None = None
+    liveness_markers: str = DEFAULT_LIVENESS_MARKERS
     metrics_port: int | None = DEFAULT_METRICS_PORT
+    web_token: str | None = field(default=None, repr=False)
+    web_credentials: str | None = field(default=None, repr=False)
     preset: str = DEFAULT_PRESET
 
     def __post_init__(self) -> None:
@@ -374,6 +459,18 @@ class RecoverySettings:
             lowered = key.lower()
             if lowered.startswith(PREFIX):
                 raw[_known(lowered[len(PREFIX) :], key)] = (key, value)
+        return cls._from_raw(raw, environ, overrides, broker_url)
+
+    @classmethod
+    def _from_raw(
+        cls,
+        raw: dict[str, tuple[str, Any]],
+        environ: Mapping[str, str] | None,
+        overrides: Mapping[str, Any] | None,
+        broker_url: str | None,
+    ) -> RecoverySettings:
+        """``raw`` maps names to (key as written, value) from the app's conf."""
+        raw = dict(raw)
         for key, value in (environ if environ is not None else os.environ).items():
             if key.startswith(ENV_PREFIX):
                 raw[_known(key[len(ENV_PREFIX) :].lower(), key)] = (key, value)
@@ -396,19 +493,33 @@ class RecoverySettings:
 
     @classmethod
     def from_app(cls, app: Any, **overrides: Any) -> RecoverySettings:
-        """Settings of a Celery app (``app.conf``), the environment and ``overrides``."""
-        conf = app.conf
-        keys = [k for k in conf if k.lower().startswith(PREFIX)]
-        broker = conf.broker_url or ""
-        return cls.from_sources({k: conf[k] for k in keys}, None, overrides, broker)
+        """Settings of a Celery app (``app.conf``), the environment and ``overrides``.
+
+        ``app.conf`` is read the way Celery reads its own settings: with
+        ``config_from_object(obj, namespace="CELERY")`` the keys are
+        ``CELERY_RECOVERY_*``.  A key that looks like ours but that the app's
+        namespace does not read is warned about, and refused when it names
+        another store than the one that would be used.
+        """
+        from .app_conf import read_app_conf, report_unread, spelling
+
+        values = read_app_conf(app)
+        spell = spelling(app)
+        raw = {_known(n, key, spell): (key, value) for n, (key, value) in values.read.items()}
+        settings = cls._from_raw(raw, None, overrides, app.conf.broker_url or "")
+        report_unread(app, values, settings.database_url)
+        return settings
 
 
-def _known(name: str, key: str) -> str:
+def _known(name: str, key: str, spell: Callable[[str], str] | None = None) -> str:
+    """``name`` if it is a setting, else an error naming ``key`` and the nearest setting,
+    written as ``spell(name)`` (the app's own spelling of our keys)."""
     if name in _SPECS:
         return name
+    spell = spell or (lambda known: PREFIX + known)
     close = difflib.get_close_matches(name, list(_SPECS), n=1, cutoff=0.6)
-    hint = f"; did you mean {_SPECS[close[0]].conf_key!r}?" if close else ""
-    allowed = ", ".join(spec.conf_key for spec in SETTINGS)
+    hint = f"; did you mean {spell(close[0])!r}?" if close else ""
+    allowed = ", ".join(spell(spec.name) for spec in SETTINGS)
     raise ConfigurationError(f"unknown setting {key!r}{hint} (known settings: {allowed})")
 
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.web.helpers import console_client
 from tests.workers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -25,3 +26,14 @@ def test_demo_recovers_the_killed_task_and_exits_zero():
     assert "re-published 1 task(s) as try 2" in done.stdout
     assert "1:up_for_retry -> 2:success" in done.stdout
     assert "recovered: every task completed" in done.stdout
+    # And it prints how to open the console on its store, which shows that recovery
+    command = next(line for line in done.stdout.splitlines() if line.strip().endswith(" web"))
+    url = command.split("--database-url", 1)[1].split()[0]
+    lines = done.stdout.splitlines()
+    killed = next(line.split()[0] for line in lines if "1:up_for_retry -> 2:success" in line)
+    with console_client(url) as client:
+        rows = client.get("/api/recoveries", params={"action": "republished"}).json()["rows"]
+    assert [(r["task_id"], r["try_number"], r["reason"]) for r in rows] == [
+        (killed, 1, "worker_lost")
+    ]
+    assert rows[0]["pid"] and rows[0]["hostname"]

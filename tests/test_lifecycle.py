@@ -111,10 +111,19 @@ def test_revoked_running_task_is_recorded_revoked(client_app, store, start_worke
 def test_warm_shutdown_ends_worker_jobs_as_success(client_app, store, start_worker):
     worker = start_worker()
     client_app.send_task("lifecycle.add", (1, 2)).get(timeout=15)
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 2, what="two worker jobs")
+    # The main process (it takes the messages) and the two pool processes.
+    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 3, what="three worker jobs")
     assert worker.stop() == 0
     jobs = wait_for(
-        lambda: [j for j in store.list_jobs(JobType.WORKER) if j["state"] == JobState.SUCCESS],
+        lambda: (
+            (
+                ended := [
+                    j for j in store.list_jobs(JobType.WORKER) if j["state"] == JobState.SUCCESS
+                ]
+            )
+            and len(ended) == 3
+            and ended
+        ),
         what="jobs to end",
     )
-    assert len(jobs) == 2 and all(j["end_date"] is not None for j in jobs)
+    assert all(j["end_date"] is not None for j in jobs)

@@ -53,7 +53,8 @@ def test_records_written_behind_reach_the_store_when_it_returns(
     worker = start_worker(store_url=flaky_url, concurrency=2)
     client = make_client_app(pg_url)
     store = Store(pg_url)
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 2, what="jobs before the outage")
+    # The main process and two pool processes.
+    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 3, what="jobs before the outage")
 
     proxy.cut()
     results = [client.send_task("lifecycle.add", (i, 1)) for i in range(20)]

@@ -43,7 +43,8 @@ def run_demo(echo: Callable[[str], None] = click.echo) -> int:
             f"{recovery.settings.zombie_threshold:g}s, sweep every "
             f"{recovery.settings.sweep_interval:g}s"
         )
-        _wait(lambda: len(recovery.store.list_jobs("worker")) >= 2, 30, "workers to start")
+        # Each worker is two jobs: its main process and its one pool process.
+        _wait(lambda: len(recovery.store.list_jobs("worker")) >= 4, 30, "workers to start")
         results = [app.send_task("demo.charge_order", (i, TASK_SECONDS)) for i in range(ORDERS)]
         echo(f"sent {ORDERS} tasks that take {TASK_SECONDS:g}s each")
 
@@ -55,14 +56,38 @@ def run_demo(echo: Callable[[str], None] = click.echo) -> int:
         echo("  plain Celery would now lose that task for good (early ack); watching recovery:")
 
         recovered_at = _watch(recovery, results, killed, echo)
-        return _summary(recovery, results, task_id, killed, recovered_at, started, echo)
+        status = _summary(recovery, results, task_id, killed, recovered_at, started, echo)
     finally:
         for proc in workers.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         recovery.close()
+        kept = _keep_store(folder / "celery_recovery.sqlite3")
         shutil.rmtree(folder, ignore_errors=True)
+    echo("")
+    echo("see it in the console (read-only; then open http://127.0.0.1:9809/recoveries):")
+    echo(f"  celery-recovery --database-url sqlite:///{kept} web")
+    echo("  (needs the web extra: pip install 'celery-recovery[web]')")
+    return status
+
+
+#: Where the demo leaves a copy of its store, for the console (replaced by each run).
+KEPT_STORE = Path(tempfile.gettempdir()) / "celery-recovery-demo.sqlite3"
+
+
+def _keep_store(store: Path) -> Path:
+    """Copy the demo's store (a consistent snapshot, WAL included) to :data:`KEPT_STORE`."""
+    import sqlite3
+
+    source = sqlite3.connect(store)
+    target = sqlite3.connect(KEPT_STORE)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    return KEPT_STORE
 
 
 def _start_worker(name: str, folder: Path) -> subprocess.Popen[bytes]:
@@ -127,6 +152,14 @@ def _watch(recovery: Any, results: list, killed: float, echo: Callable[[str], No
                 _green(
                     f"  +{since:4.1f}s  re-published {report.republished} task(s) as try 2 "
                     "(same task id, retries + 1)"
+                )
+            )
+        if report.reserved_republished:
+            recovered_at = recovered_at or time.monotonic()
+            echo(
+                _green(
+                    f"  +{since:4.1f}s  re-published {report.reserved_republished} task(s) the "
+                    "dead worker had taken but not started (prefetched)"
                 )
             )
         if report.lost_republished:

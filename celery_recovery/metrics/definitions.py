@@ -19,8 +19,9 @@ from ..states import JobType
 
 PREFIX = "celery_recovery_"
 
-#: Which check of a sweep found a try.
-CAUSES = ("zombie", "lost_message")
+#: Which check of a sweep found a try: running on a dead worker, reserved (received,
+#: not started) by a dead worker, or queued past recovery_queued_timeout.
+CAUSES = ("zombie", "reserved", "lost_message")
 #: What a sweep did to a try it won: published it again as the next try, failed
 #: it, re-pointed it to the live worker running it, or gave it the outcome the
 #: result backend reports.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from . import control, processes, publish, tasks
+from . import control, processes, publish, reservations, tasks
 
 _connected = False
 _lock = threading.Lock()
@@ -24,6 +24,7 @@ def connect() -> None:
         tasks.connect()
         processes.connect()
         control.connect()
+        reservations.connect()
         _connected = True
 
 

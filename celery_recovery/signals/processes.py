@@ -1,10 +1,13 @@
 """Jobs: every worker process, beat and triggerer is a job with a heartbeat.
 
-A prefork worker's pool children each become a job at
-``worker_process_init`` (they run the tasks; the main process does not).
-Pools that run tasks in the main process (solo, threads, gevent, eventlet)
-make it the job at ``worker_ready``.  Clean shutdowns end the job as
-``success``; a killed process simply stops beating.
+A worker's main process becomes a job at ``worker_ready``: it takes the
+messages from the broker, so the messages it holds (prefetched, or waiting
+for their ETA) are recorded as reserved by its job.  A prefork worker's pool
+children, which run the tasks, each become a job of their own at
+``worker_process_init``; pools that run tasks in the main process (solo,
+threads, gevent, eventlet) have that one job.  All are ``worker`` jobs.
+Clean shutdowns end the job as ``success``; a killed process simply stops
+beating.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from celery import current_app
 from celery.signals import (
     beat_embedded_init,
     beat_init,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -23,9 +27,12 @@ from celery.signals import (
 )
 
 from .. import metrics
+from ..liveness.job import start_lock_marker
+from ..liveness.postgres import stop_holder
 from ..recovery import Recovery, installed, recovery_for_app
 from ..states import JobState, JobType
 from .guard import never_raises
+from .reservations import MAIN_PROCESS_FLUSH_INTERVAL
 
 
 def _current() -> Recovery | None:
@@ -34,6 +41,17 @@ def _current() -> Recovery | None:
         return found
     every = installed()
     return every[0] if every else None
+
+
+@never_raises
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    # The main process takes the liveness marker before its pool forks, so that the
+    # pool processes share it instead of opening a connection each.
+    app = getattr(sender, "app", None)
+    recovery = recovery_for_app(app) if app is not None else _current()
+    if recovery is not None:
+        label = f"worker {getattr(sender, 'hostname', None) or ''}:{os.getpid()}"
+        start_lock_marker(recovery.settings, label)
 
 
 @never_raises
@@ -60,9 +78,17 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     pool = getattr(sender, "pool", None)
     if recovery is None:
         return
-    metrics.serve_for_worker(recovery.settings, _runs_tasks_in_children(pool))
-    if not _runs_tasks_in_children(pool):
-        _start_worker_job(recovery, getattr(sender, "hostname", None))
+    in_children = _runs_tasks_in_children(pool)
+    metrics.serve_for_worker(recovery.settings, in_children)
+    node_name = getattr(sender, "hostname", None)
+    if in_children:
+        # Only reserves messages (and writes when a pool process dies): the pool
+        # children beat (and sweep when beat is down).  Starting the job also
+        # connects to the store now, not when the first write is due.
+        recovery.runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
+        recovery.runtime.start_job(JobType.WORKER, node_name=node_name)
+    else:
+        _start_worker_job(recovery, node_name)
 
 
 @never_raises
@@ -71,6 +97,7 @@ def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     recovery = recovery_for_app(app) if app is not None else _current()
     if recovery is not None and recovery.runtime.job_id is not None:
         recovery.runtime.stop_job(JobState.SUCCESS)
+    stop_holder()
 
 
 @never_raises
@@ -95,6 +122,7 @@ def _runs_tasks_in_children(pool: Any) -> bool:
 
 
 def connect() -> None:
+    worker_init.connect(on_worker_init, weak=False, dispatch_uid=__name__ + ".worker_init")
     worker_process_init.connect(on_process_init, weak=False, dispatch_uid=__name__ + ".init")
     worker_process_shutdown.connect(
         on_process_shutdown, weak=False, dispatch_uid=__name__ + ".shutdown"

@@ -6,6 +6,8 @@ it); the outcome follows through the same ordered buffer, and for a short
 task both land as one row write.  If an outcome is lost, the sweeps reconcile
 it from the result backend.  Exceptions and retry reasons are kept aside by
 ``task_failure`` / ``task_retry`` and written once, at ``task_postrun``.
+The same signals sent from the worker's main process about a pool process
+that died are handled by :mod:`celery_recovery.worker_lost`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from billiard.exceptions import WorkerLostError
 from celery import states as celery_states
 from celery.signals import (
     task_failure,
@@ -33,6 +36,13 @@ from ..recovery import recovery_for_app
 from ..states import TaskState
 from ..store import Transition
 from ..timeutils import utcnow
+from ..worker_lost import (
+    claim_counting_deaths,
+    is_lost_process_retry,
+    record_lost_process,
+    record_lost_retry,
+    store_refused_failure,
+)
 from .guard import never_raises
 
 logger = logging.getLogger("celery_recovery.signals")
@@ -71,23 +81,38 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     if check_delivery(recovery, task, task_id):
         return  # stale: its before_start raises Ignore, and nothing is recorded
     runtime = recovery.runtime
-    runtime.record_start(record_from_request(task, utcnow(), runtime.job_id))
+    record = record_from_request(task, utcnow(), runtime.job_id)
+    if task.acks_late:
+        # Its message comes back when this process dies: count the deaths.
+        if claim_counting_deaths(recovery, task, record):
+            return  # failed for good instead: its before_start raises Ignore
+    else:
+        runtime.record_start(record)
     _started_at()[task_id] = time.monotonic()
 
 
 @never_raises
 def on_failure(
-    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
 ) -> None:
     recovery = _recovery_of(sender)
     if recovery is None or task_id is None or isinstance(exception, LostWorkerError):
         return  # LostWorkerError: fired by the sweep's callback delivery, already recorded
-    if sender.request.id == task_id:
-        # In the pool process: task_postrun follows and writes the outcome.
+    if _runs_here(task_id):
+        # In the process running the try: task_postrun follows and writes the outcome.
         _set_aside(task_id, _describe(exception))
         return
-    # In the worker's main process: the pool process died (WorkerLostError) or hit
-    # a hard time limit, so no task_postrun will come from it.
+    # In the worker's main process (which pushes the request context first, so the
+    # request does not tell): the pool process died (WorkerLostError) or hit a hard
+    # time limit, so no task_postrun will come from it.
+    if isinstance(exception, WorkerLostError):
+        record_lost_process(recovery, sender, exception, args, kwargs)
+        return
     now = utcnow()
     recovery.runtime.write(
         "transition",
@@ -108,7 +133,12 @@ def on_failure(
 
 @never_raises
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
-    if _recovery_of(sender) is None or request is None:
+    recovery = _recovery_of(sender)
+    if recovery is None or request is None:
+        return
+    if not _runs_here(request.id) and is_lost_process_retry(reason):
+        # task_retry_on_worker_lost: the main process retried a try whose pool process died.
+        record_lost_retry(recovery, sender, reason)
         return
     _set_aside(request.id, f"retry: {reason}"[:MAX_ERROR_LENGTH])
 
@@ -124,6 +154,7 @@ def on_postrun(
     recovery = _recovery_of(task)
     if recovery is None or task_id is None:
         return
+    store_refused_failure(task, task_id)
     if was_dropped(task_id):
         return  # a stale delivery: the try's record belongs to the run that was not stale
     if was_deferred(task_id) or was_postponed(task_id):
@@ -217,6 +248,11 @@ def on_revoked(
             },
         ),
     )
+
+
+def _runs_here(task_id: str) -> bool:
+    """Whether this thread started ``task_id``'s body (else it is the worker's main process)."""
+    return task_id in _started_at()
 
 
 def _started_at() -> dict[str, float]:

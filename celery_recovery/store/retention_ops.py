@@ -15,14 +15,34 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, delete, exists, func, or_, select, tuple_
+from sqlalchemy import Table, and_, delete, exists, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from ..states import FINISHED_TASK_STATES, JobState, TaskState
-from .schema import callbacks, jobs, revocations, task_records, triggers
+from .claim_ops import CLAIM_PREFIX
+from .schema import (
+    audit_log,
+    callbacks,
+    jobs,
+    leases,
+    reservations,
+    revocations,
+    same_try,
+    task_records,
+    triggers,
+)
 
 #: Tables ``db clean`` may purge, in the order it purges them.
-RETENTION_TABLES = ("callbacks", "triggers", "task_records", "jobs", "revocations")
+RETENTION_TABLES = (
+    "callbacks",
+    "triggers",
+    "reservations",
+    "task_records",
+    "jobs",
+    "revocations",
+    "claims",
+    "audit_log",
+)
 
 #: Try states that are still in flight and so never deleted.
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
@@ -50,6 +70,13 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
             task_records.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
         )
         return triggers, (triggers.c.id,), (triggers.c.created_at < cutoff, ~try_active)
+    if name == "reservations":
+        # A reservation only matters while its try is still queued.
+        try_queued = exists().where(
+            same_try(reservations), task_records.c.state == TaskState.QUEUED.value
+        )
+        keys = (reservations.c.task_id, reservations.c.try_number)
+        return reservations, keys, (reservations.c.reserved_at < cutoff, ~try_queued)
     if name == "callbacks":
         # Delivered rows are deleted on delivery; what is left this old is stale.
         # A row a sweep is delivering right now (claim not expired) is left alone.
@@ -58,6 +85,17 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
     if name == "revocations":
         # Only overdue queued tries consult them, and those are decided long before.
         return revocations, (revocations.c.id,), (revocations.c.created_at < cutoff,)
+    if name == "claims":
+        # Publish-once claims (rows of the leases table): done ones, and ones whose
+        # holder died and that nobody took over, before the cutoff.
+        old = or_(
+            leases.c.completed_at < cutoff,
+            and_(leases.c.completed_at.is_(None), leases.c.expires_at < cutoff),
+        )
+        return leases, (leases.c.name,), (leases.c.name.startswith(CLAIM_PREFIX), old)
+    if name == "audit_log":
+        # Decisions are history only: nothing refers to them.
+        return audit_log, (audit_log.c.id,), (audit_log.c.at < cutoff,)
     raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
 
 

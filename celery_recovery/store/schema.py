@@ -19,12 +19,14 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
     String,
     Table,
     Text,
+    and_,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -118,6 +120,21 @@ jobs = Table(
     Column("end_date", UTCDateTime),
     Column("latest_heartbeat", UTCDateTime, nullable=False),
     Column("queues", Text, comment="Comma-separated queues a triggerer serves"),
+    Column(
+        "process_marker",
+        String(200),
+        comment="Boot id, pid namespace and start time of the process (Linux)",
+    ),
+    Column(
+        "marker_lock",
+        BigInteger,
+        comment="PostgreSQL advisory lock key held while the process tree lives",
+    ),
+    Column(
+        "marker_missing_since",
+        UTCDateTime,
+        comment="When a sweep first saw the advisory lock missing",
+    ),
     Index(
         "ix_jobs_live",
         "job_type",
@@ -163,6 +180,13 @@ task_records = Table(
     Column("late_at", UTCDateTime),
     Column("idempotency_key", String(512)),
     Column("fencing_token", BigInteger),
+    Column(
+        "deaths",
+        Integer,
+        nullable=False,
+        server_default=text("0"),
+        comment="Runs of this try that ended with the death of their process",
+    ),
     Index(
         "ix_task_records_running_job",
         "job_id",
@@ -176,6 +200,8 @@ task_records = Table(
         sqlite_where=text("state = 'queued'"),
     ),
     Index("ix_task_records_ended_at", "ended_at"),
+    # The console's search by task name, newest first.
+    Index("ix_task_records_task_name", "task_name", "queued_at"),
 )
 
 triggers = Table(
@@ -201,6 +227,26 @@ triggers = Table(
     Index("ix_triggers_task", "task_id", "try_number"),
 )
 
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("task_id", String(255), primary_key=True),
+    Column("try_number", Integer, primary_key=True),
+    Column("job_id", String(32), nullable=False, comment="jobs.id of the process holding it"),
+    Column("reserved_at", UTCDateTime, nullable=False, comment="When that process received it"),
+    Index("ix_reservations_job_id", "job_id"),
+    Index("ix_reservations_reserved_at", "reserved_at"),
+)
+
+
+def same_try(table: Table) -> Any:
+    """Join condition of ``table``'s (task_id, try_number) with the try's record."""
+    return and_(
+        table.c.task_id == task_records.c.task_id,
+        table.c.try_number == task_records.c.try_number,
+    )
+
+
 callbacks = Table(
     "callbacks",
     metadata,
@@ -224,6 +270,28 @@ leases = Table(
     Column("token", BigInteger, nullable=False, server_default=text("0")),
     Column("expires_at", UTCDateTime),
     Column("completed_at", UTCDateTime, comment="Last time the guarded work finished"),
+    Column("report", MessageJSON, comment="What the last run of the guarded work reported"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False, comment="When the decision was taken"),
+    Column("action", String(32), nullable=False, comment="What was done (AuditAction)"),
+    Column("reason", String(32), nullable=False, comment="Why (AuditReason)"),
+    Column("task_id", String(255)),
+    Column("try_number", Integer),
+    Column("task_name", String(255)),
+    Column("detail", Text, comment="The decision in words, as the try's state_reason"),
+    Column("job_id", String(32), comment="jobs.id of the process that ran the try"),
+    Column("hostname", String(255)),
+    Column("pid", Integer),
+    Column("last_heartbeat", UTCDateTime, comment="That process's last heartbeat"),
+    Column("recovery_seconds", Float, comment="Seconds from that heartbeat to the decision"),
+    Column("actor", String(64), comment="host:pid of the sweep or worker that decided"),
+    Index("ix_audit_log_at", "at"),
+    Index("ix_audit_log_task", "task_id", "try_number"),
 )
 
 revocations = Table(

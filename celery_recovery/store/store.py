@@ -16,20 +16,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, case, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 
+from ..audit import Decision
 from ..errors import StoreError, StoreSchemaError, StoreUnavailableError
 from ..states import JobState, TaskState
 from ..urls import mask_secrets, mask_url
+from .claim_ops import ClaimOperations
 from .engine import create_store_engine
+from .forks import ForkGate
 from .inspect_ops import InspectOperations
+from .liveness_ops import LivenessOperations
 from .migrate import ensure_schema
+from .reservation_ops import ReservationOperations
 from .retention_ops import RetentionOperations
 from .revocation_ops import RevocationOperations
-from .schema import jobs, task_records
+from .schema import audit_log, callbacks, jobs, task_records
 from .sweep_ops import SweepOperations
 from .trigger_ops import TriggerOperations
 
@@ -90,12 +95,24 @@ class Transition:
     values: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class OutboxedTransition:
+    """A transition and the callback row it makes due, written in one transaction
+    (the outbox): the row exists if and only if the transition won."""
+
+    transition: Transition
+    callback: dict[str, Any]
+
+
 class Store(
     SweepOperations,
     TriggerOperations,
     InspectOperations,
     RetentionOperations,
     RevocationOperations,
+    ClaimOperations,
+    ReservationOperations,
+    LivenessOperations,
 ):
     """The metadata store at one database URL, safe across threads and forks."""
 
@@ -107,6 +124,7 @@ class Store(
         self._ready = False
         self._lock = threading.Lock()
         self._statements: dict[Any, Any] = {}
+        self._gate = ForkGate(in_child=self._forget_parent_locks)
 
     def __repr__(self) -> str:
         return f"<Store {mask_url(self.url)}>"
@@ -131,12 +149,20 @@ class Store(
                     self._ready = False
         return self._engine
 
+    def _forget_parent_locks(self) -> None:
+        # In a forked child: a lock the parent's threads held is held by no one here.
+        self._lock = threading.Lock()
+
     @property
     def dialect(self) -> str:
         return self.engine.dialect.name
 
     def ensure_ready(self) -> None:
         """Check (PostgreSQL) or create (SQLite) the schema, once per process."""
+        with self._gate.using():
+            self._ensure_ready()
+
+    def _ensure_ready(self) -> None:
         engine = self.engine
         if self._ready:
             return
@@ -147,22 +173,24 @@ class Store(
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """One short transaction; database errors become :class:`StoreError`s."""
-        self.ensure_ready()
-        with self._translate_errors(), self.engine.begin() as conn:
-            yield conn
+        with self._gate.using():
+            self._ensure_ready()
+            with self._translate_errors(), self.engine.begin() as conn:
+                yield conn
 
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
         """A connection for one atomic statement: autocommitted on PostgreSQL (one round
         trip instead of three), a short transaction on SQLite."""
-        self.ensure_ready()
-        autocommit = self._autocommit_engine
-        if autocommit is None:
-            with self._translate_errors(), self.engine.begin() as conn:
+        with self._gate.using():
+            self._ensure_ready()
+            autocommit = self._autocommit_engine
+            if autocommit is None:
+                with self._translate_errors(), self.engine.begin() as conn:
+                    yield conn
+                return
+            with self._translate_errors(), autocommit.connect() as conn:
                 yield conn
-            return
-        with self._translate_errors(), autocommit.connect() as conn:
-            yield conn
 
     def _statement(self, key: Any, build: Callable[[], Any]) -> Any:
         """Statements are built once per store: building one costs more than running it."""
@@ -261,6 +289,25 @@ class Store(
         with self.single_statement() as conn:
             return self._upsert_running(conn, record)
 
+    def claim_counting_deaths(self, record: dict[str, Any]) -> int | None:
+        """Claim a try as :meth:`mark_running` does, durably before the body runs; the
+        try's ``deaths`` after the claim, or None when the claim did not land.
+
+        A claim that finds its try still ``running`` follows a run whose process
+        died (a live run's redelivery is dropped before it claims): one more death.
+        """
+        stmt = self._statement(
+            "claim_counting", lambda: self._build_upsert_running().returning(task_records.c.deaths)
+        )
+        with self.single_statement() as conn:
+            row = conn.execute(stmt, _uniform([_as_claim(record)])[0]).first()
+        return None if row is None else int(row[0])
+
+    def apply_outboxed(self, items: Sequence[OutboxedTransition]) -> int:
+        """Apply transitions with their callback rows in one transaction; how many won."""
+        with self.transaction() as conn:
+            return self._apply_outboxed(conn, items)
+
     def transition(
         self,
         task_id: str,
@@ -299,25 +346,37 @@ class Store(
         """Apply buffered writes in order, in one transaction (the write-behind path).
 
         ``writes`` holds ``("queued", record)``, ``("running", record)``,
-        ``("transition", Transition)`` and ``("late", (task_id, try, state, at))``
-        items; runs of one kind are batched.
+        ``("transition", Transition)``, ``("outboxed", OutboxedTransition)``,
+        ``("late", (task_id, try, state, at))``, ``("audit", Decision)`` and
+        ``("reserved", (task_id, try, job_id, at))`` items; runs of one kind are
+        batched.  Reservations touch only their own table, so they are applied
+        together, as one statement, after the others.
         """
         appliers: dict[str, Callable[[Connection, list[Any]], Any]] = {
             "queued": self._insert_queued,
             "running": self._upsert_running_many,
             "transition": self._apply_transitions,
             "late": self._record_late_outcomes,
+            "outboxed": self._apply_outboxed,
+            "audit": self._append_decisions,
+            "reserved": self._upsert_reservations,
         }
         # The commit waits for the WAL flush (no ``synchronous_commit = off``): the
         # caller forgets a batch once it is acknowledged, so an acknowledged batch
         # that a PostgreSQL crash then loses would be lost for good (records left
         # ``queued`` or missing; tests/faults/test_postgres.py, ``-m immediate``).
         # One flush per batch, in the writer thread, stays off the task's path.
+        writes = _coalesce(writes)
+        ordered = [w for w in writes if w[0] != "reserved"]
+        ordered += [w for w in writes if w[0] == "reserved"]
         with self.transaction() as conn:
-            for kind, items in _runs(_coalesce(writes)):
+            for kind, items in _runs(ordered):
                 appliers[kind](conn, items)
 
     # -- statements --------------------------------------------------------
+
+    def _append_decisions(self, conn: Connection, decisions: Sequence[Decision]) -> None:
+        conn.execute(audit_log.insert(), [d.row() for d in decisions])
 
     def _insert_queued(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
         conn.execute(self._statement("queued", self._build_insert_queued), _uniform(records))
@@ -336,16 +395,24 @@ class Store(
             "running", lambda: self._build_upsert_running().returning(task_records.c.try_number)
         )
         # rowcount is not reported for INSERT on every driver; a returned row is.
-        return conn.execute(stmt, _uniform([record])[0]).first() is not None
+        return conn.execute(stmt, _uniform([_as_claim(record)])[0]).first() is not None
 
     def _upsert_running_many(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
         stmt = self._statement("running_many", self._build_upsert_running)
-        conn.execute(stmt, _uniform(records))
+        conn.execute(stmt, _uniform([_as_claim(r) for r in records]))
 
     def _build_upsert_running(self) -> Any:
         insert = self._insert(task_records)
         # The claim's own values, which after coalescing may already be its outcome.
-        claim = {column: insert.excluded[column] for column in CLAIM_COLUMNS}
+        claim: dict[str, Any] = {column: insert.excluded[column] for column in CLAIM_COLUMNS}
+        # SET sees the row as it was: still running in another job means the previous
+        # run's process died.  Running in this very job is this delivery's own earlier
+        # claim (the stale-delivery check claims before the death-counting claim).
+        died = and_(
+            task_records.c.state == TaskState.RUNNING.value,
+            task_records.c.job_id.is_distinct_from(insert.excluded.job_id),
+        )
+        claim["deaths"] = task_records.c.deaths + case((died, 1), else_=0)
         return insert.on_conflict_do_update(
             index_elements=["task_id", "try_number"],
             set_=claim,
@@ -388,6 +455,14 @@ class Store(
             won += max(result.rowcount, 0)
         return won
 
+    def _apply_outboxed(self, conn: Connection, items: Sequence[OutboxedTransition]) -> int:
+        won = 0
+        for item in items:
+            if self._apply_transitions(conn, [item.transition]) == 1:
+                conn.execute(callbacks.insert().values(**item.callback))
+                won += 1
+        return won
+
 
 def _build_late_outcome() -> Any:
     return (
@@ -413,6 +488,11 @@ def _build_transition(
     if not any_try:
         conditions.append(task_records.c.try_number == bindparam("b_try_number"))
     return update(task_records).where(*conditions).values({c: bindparam(f"v_{c}") for c in columns})
+
+
+def _as_claim(record: dict[str, Any]) -> dict[str, Any]:
+    # A new try's first run has no death behind it (the column has no claim value to take).
+    return {**record, "deaths": 0}
 
 
 def _states(expected: TaskState | Iterable[TaskState]) -> tuple[TaskState, ...]:
@@ -469,11 +549,16 @@ def _coalesce(writes: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
     A short task's claim and outcome usually share a flush: writing the row
     once, already finished, halves the statements on the hot path.  The
-    claim's conditions still apply (it only lands on a claimable try).
+    claim's conditions still apply (it only lands on a claimable try).  A
+    reservation followed by the same process's claim of the try (a solo or
+    threads pool) is superseded by the claim and not written at all.
     """
     claims: dict[tuple[str, int], dict[str, Any]] = {}
     out: list[tuple[str, Any]] = []
+    started = {(item["task_id"], item["try_number"]) for kind, item in writes if kind == "running"}
     for kind, item in writes:
+        if kind == "reserved" and (item[0], item[1]) in started:
+            continue
         if kind == "running":
             record = dict(item)
             claims[(record["task_id"], record["try_number"])] = record

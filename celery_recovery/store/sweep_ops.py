@@ -15,7 +15,9 @@ from typing import Any
 from sqlalchemy import and_, case, delete, func, or_, select, update
 from sqlalchemy.engine import Connection
 
+from ..audit import Decision
 from ..states import JobState, JobType, TaskState
+from .audit_ops import append_decision
 from .schema import callbacks, jobs, leases, task_records
 
 #: Extra age, in seconds, before a running try whose job row is missing counts as
@@ -36,6 +38,8 @@ class ResetPlan:
     next_record: dict[str, Any] | None = None
     callback: dict[str, Any] | None = None
     dead_job_id: str | None = None
+    #: The audit row, written only when the reset wins.
+    audit: Decision | None = None
 
 
 class SweepOperations:
@@ -177,6 +181,7 @@ class SweepOperations:
                     .where(jobs.c.id == plan.dead_job_id, jobs.c.state == JobState.RUNNING.value)
                     .values(state=JobState.FAILED.value, end_date=now)
                 )
+            append_decision(conn, plan.audit)
             return True, inserted
 
     def reconcile_try(
@@ -188,10 +193,11 @@ class SweepOperations:
         new_state: TaskState,
         reason: str,
         now: datetime,
+        audit: Decision | None = None,
     ) -> bool:
         """Give a try the outcome the result backend reports (compare-and-set)."""
         with self.transaction() as conn:
-            return self._cas_try(
+            won = self._cas_try(
                 conn,
                 task_id,
                 try_number,
@@ -205,6 +211,9 @@ class SweepOperations:
                     "recovered_at": now,
                 },
             )
+            if won:
+                append_decision(conn, audit)
+            return won
 
     def adopt_try(
         self,
@@ -215,10 +224,11 @@ class SweepOperations:
         reason: str,
         now: datetime,
         until: datetime | None = None,
+        audit: Decision | None = None,
     ) -> bool:
         """Re-point a running try to a live job (or give it a deadline) instead of resetting it."""
         with self.transaction() as conn:
-            return self._cas_try(
+            won = self._cas_try(
                 conn,
                 task_id,
                 try_number,
@@ -232,6 +242,9 @@ class SweepOperations:
                     "recovered_at": now,
                 },
             )
+            if won:
+                append_decision(conn, audit)
+            return won
 
     def delivery_view(self, task_id: str, try_number: int) -> dict[str, Any]:
         """What a worker needs to judge a delivery: the try's state and job, the latest try.
@@ -331,13 +344,16 @@ class SweepOperations:
                 (dict(row) for row in conn.execute(stmt).mappings()), key=lambda r: r["id"]
             )
 
-    def delete_callback(self, callback_id: int, holder: str) -> bool:
+    def delete_callback(self, callback_id: int, holder: str, audit: Decision | None = None) -> bool:
         """Delete a delivered callback row, only while ``holder`` still owns it."""
         stmt = delete(callbacks).where(
             callbacks.c.id == callback_id, callbacks.c.claimed_by == holder
         )
         with self.transaction() as conn:
-            return conn.execute(stmt).rowcount == 1
+            won = conn.execute(stmt).rowcount == 1
+            if won:
+                append_decision(conn, audit)
+            return won
 
     def pending_callbacks(self) -> list[dict[str, Any]]:
         with self.transaction() as conn:
@@ -393,13 +409,19 @@ class SweepOperations:
         with self.transaction() as conn:
             return conn.execute(stmt).rowcount == 1
 
-    def mark_completed(self, name: str, now: datetime) -> None:
-        """Record that the work named ``name`` (e.g. a sweep) finished at ``now``."""
+    def mark_completed(
+        self, name: str, now: datetime, report: dict[str, Any] | None = None
+    ) -> None:
+        """Record that the work named ``name`` (e.g. a sweep) finished at ``now``, and
+        what it reported (kept when ``report`` is None)."""
+        done: dict[str, Any] = {"completed_at": now}
+        if report is not None:
+            done["report"] = report
         with self.transaction() as conn:
             conn.execute(
                 self._insert(leases)
-                .values(name=name, token=0, completed_at=now)
-                .on_conflict_do_update(index_elements=["name"], set_={"completed_at": now})
+                .values(name=name, token=0, **done)
+                .on_conflict_do_update(index_elements=["name"], set_=done)
             )
 
     def last_completed(self, name: str) -> datetime | None:

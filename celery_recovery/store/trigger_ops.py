@@ -26,7 +26,9 @@ from typing import Any
 from sqlalchemy import and_, bindparam, delete, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 
+from ..audit import Decision
 from ..states import JobState, JobType, TaskState
+from .audit_ops import append_decision
 from .schema import callbacks, jobs, task_records, triggers
 
 #: Event kinds kept on a fired trigger row.
@@ -58,6 +60,8 @@ class Finish:
     error: str | None = None
     #: For a failure: the exception class its failure callbacks receive.
     exception: str | None = None
+    #: The audit row, written only when the outcome's compare-and-set wins.
+    audit: Decision | None = None
 
 
 class TriggerOperations:
@@ -311,6 +315,7 @@ class TriggerOperations:
                 if won is None:
                     continue
                 changed += 1
+                append_decision(conn, finish.audit)
                 if state is TaskState.FAILED:
                     conn.execute(callbacks.insert().values(**_failure_callback(finish, won, now)))
             conn.execute(

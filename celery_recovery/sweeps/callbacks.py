@@ -8,6 +8,9 @@ open, stores a failure in the result backend (failures only; so that
 ``task_failure`` signal (failures only) and the listeners registered with
 :meth:`celery_recovery.Recovery.add_failure_listener`, each in a thread
 given ``recovery_callback_timeout`` seconds.  The row is deleted afterwards.
+A row may name steps Celery itself already took (``payload["done"]``, e.g. the
+result backend and the signal for a pool process Celery saw die): those are
+skipped, so each runs once.
 
 Exactly once in the normal case.  Twice: the delivering process dies (or
 stalls past the claim lease) after running the callbacks and before deleting
@@ -23,9 +26,11 @@ from collections.abc import Callable
 from typing import Any
 
 from billiard.einfo import ExceptionInfo
+from billiard.exceptions import WorkerLostError
 from celery.signals import task_failure
 
 from .. import metrics
+from ..audit import AuditAction, AuditReason, Decision
 from ..errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
 from .context import SweepContext
 
@@ -34,9 +39,14 @@ logger = logging.getLogger("celery_recovery.callbacks")
 #: Deliveries of one row that may die before it is given up.
 MAX_ATTEMPTS = 5
 
-#: Exceptions a callback row may name (a deferred try failed by its trigger);
-#: anything else is a lost worker.
-_EXCEPTIONS = {cls.__name__: cls for cls in (TriggerFailedError, TriggerTimeoutError)}
+#: Exceptions a callback row may name (a deferred try failed by its trigger, a pool
+#: process Celery saw die); anything else is a lost worker.
+_EXCEPTIONS: dict[str, Callable[[str], BaseException]] = {
+    cls.__name__: cls for cls in (TriggerFailedError, TriggerTimeoutError, WorkerLostError)
+}
+
+#: Steps a callback row may say were already taken (``payload["done"]``).
+BACKEND, SIGNAL = "result backend", "task_failure signal"
 
 
 def deliver_callbacks(ctx: SweepContext) -> None:
@@ -54,16 +64,25 @@ def deliver_callbacks(ctx: SweepContext) -> None:
                     row["try_number"],
                     row["attempts"] - 1,
                 )
-                store.delete_callback(row["id"], ctx.holder)
+                store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, "abandoned"))
                 metrics.callback_outcome(row["kind"], "abandoned")
                 continue
             ok = _deliver(ctx, row)
-            store.delete_callback(row["id"], ctx.holder)
+            store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, ok and "delivered"))
             if ok:
                 ctx.report.callbacks_delivered += 1
             else:
                 ctx.report.callbacks_failed += 1
             metrics.callback_outcome(row["kind"], "delivered" if ok else "failed")
+
+
+def _audit(ctx: SweepContext, row: dict[str, Any], outcome: str | bool) -> Decision:
+    """The audit row of a delivery: ``outcome`` is delivered, abandoned, or False (failed)."""
+    payload = row["payload"] if isinstance(row["payload"], dict) else {}
+    record = {**row, "task_name": payload.get("task_name"), "job_id": payload.get("job_id")}
+    action = AuditAction(f"callback_{outcome or 'failed'}")
+    detail = f"{row['kind']} callback: {payload.get('reason') or 'worker lost'}"
+    return ctx.decision(action, AuditReason.CALLBACK_DUE, record, detail)
 
 
 def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
@@ -85,8 +104,9 @@ def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
     args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
     task = ctx.recovery.app.tasks.get(payload.get("task_name") or "")
     timeout = ctx.recovery.settings.callback_timeout
+    done = set(payload.get("done") or ())
     ok = True
-    if kind == "failure":
+    if kind == "failure" and BACKEND not in done:
         # As a worker's own failure would, the result backend learns the outcome first:
         # otherwise AsyncResult stays STARTED or PENDING and get() never returns.
         # A stored SUCCESS is never overwritten, so a late real outcome still wins.
@@ -94,8 +114,11 @@ def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
         ok &= _run("result backend", timeout, backend.mark_as_failure, task_id, exc)
     if task is not None:
         handler = task.on_failure if kind == "failure" else task.on_retry
-        ok &= _run(f"{task.name}.on_{kind}", timeout, handler, exc, task_id, args, kwargs, einfo)
-        if kind == "failure":
+        if f"on_{kind}" not in done:
+            ok &= _run(
+                f"{task.name}.on_{kind}", timeout, handler, exc, task_id, args, kwargs, einfo
+            )
+        if kind == "failure" and SIGNAL not in done:
             ok &= _run(
                 "task_failure signal",
                 timeout,

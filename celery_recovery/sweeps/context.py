@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics
+from ..audit import AuditAction, AuditReason, Decision
 from ..errors import StoreError
 from ..states import JobType
 
@@ -24,6 +25,9 @@ class SweepReport:
     """Counts of what one sweep pass found and did; ``duration`` in seconds."""
 
     zombies: int = 0
+    #: Queued tries found reserved (received, not started) by a dead worker.
+    reserved: int = 0
+    reserved_republished: int = 0
     republished: int = 0
     failed: int = 0
     adopted: int = 0
@@ -33,6 +37,8 @@ class SweepReport:
     #: Overdue queued tries ended ``revoked`` (revoked, expired or purged) instead.
     revoked: int = 0
     dead_jobs: int = 0
+    #: Of the dead jobs, those found by their liveness markers before the threshold.
+    marker_deaths: int = 0
     callbacks_delivered: int = 0
     callbacks_failed: int = 0
     deferred_timeouts: int = 0
@@ -63,6 +69,16 @@ class SweepContext:
             (job["node_name"], job["pid"]): job
             for job in store.live_jobs(self.now, threshold, JobType.WORKER)
         }
+
+    def decision(
+        self,
+        action: AuditAction,
+        reason: AuditReason,
+        record: dict[str, Any],
+        detail: str | None = None,
+    ) -> Decision:
+        """The audit row of a decision this pass takes about the try ``record``."""
+        return Decision.of(self.now, action, reason, record, detail, actor=self.holder)
 
     @contextmanager
     def isolated(self, what: str) -> Iterator[None]:

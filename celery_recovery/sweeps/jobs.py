@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from .. import metrics, sentry
 from ..states import JobType
@@ -22,17 +23,23 @@ def sweep_dead_jobs(ctx: SweepContext) -> None:
     }
     for job in ctx.recovery.store.fail_dead_jobs(ctx.now, thresholds):
         ctx.report.dead_jobs += 1
-        metrics.dead_job(job["job_type"])
-        if job["job_type"] != JobType.WORKER:
-            # A dead worker shows up as the zombies it leaves; a dead beat or triggerer
-            # leaves nothing else behind to alert on.
-            sentry.capture_dead_job(job, ctx.now)
-        log = logger.warning if job["job_type"] != JobType.WORKER else logger.info
-        log(
-            "celery-recovery: %s job %s on %s (pid %s) stopped heartbeating at %s; marked failed",
-            job["job_type"],
-            job["id"],
-            job["hostname"],
-            job["pid"],
-            job["latest_heartbeat"],
-        )
+        report_dead_job(ctx, job, "it stopped heartbeating")
+
+
+def report_dead_job(ctx: SweepContext, job: dict[str, Any], how: str) -> None:
+    """Count, alert and log a job this sweep marked failed (after the change committed)."""
+    metrics.dead_job(job["job_type"])
+    if job["job_type"] != JobType.WORKER:
+        # A dead worker shows up as the zombies it leaves; a dead beat or triggerer
+        # leaves nothing else behind to alert on.
+        sentry.capture_dead_job(job, ctx.now)
+    log = logger.warning if job["job_type"] != JobType.WORKER else logger.info
+    log(
+        "celery-recovery: %s job %s on %s (pid %s) is dead: %s (last heartbeat %s); marked failed",
+        job["job_type"],
+        job["id"],
+        job["hostname"],
+        job["pid"],
+        how,
+        job["latest_heartbeat"],
+    )

@@ -19,8 +19,8 @@ from typing import Any
 from celery import states
 
 from .. import metrics, sentry
-from ..deferral import DEFERRED_STATE
-from ..probe import UNKNOWN, Probe, probe_many
+from ..audit import AuditAction, AuditReason
+from ..probe import UNKNOWN, Probe, never_started, probe_many
 from ..revocations import revoked_because
 from ..states import TaskState
 from .context import SweepContext
@@ -69,19 +69,20 @@ def _handle(
         return taken
     if seen.state == states.REVOKED:
         return _revoke(ctx, record, "the result backend reports REVOKED")
-    if not _never_started(seen, live):
+    if not never_started(seen, live):
         return None  # started in a live worker: its own signals will catch up
     why = revoked_because(record, revocations, ctx.now)
     if why is not None:
         return _revoke(ctx, record, why)
     ctx.report.lost_messages += 1
     waited = int(ctx.recovery.settings.queued_timeout)
+    since = _counted_from(record)
     publish_count = int(record.get("publish_count") or 1) + 1
     result = reset(
         ctx,
         record,
         expected_state=TaskState.QUEUED,
-        why=f"message lost: not started within {waited}s of being queued",
+        why=f"message lost: not started within {waited}s {since}",
         count_retries=False,
         publish_count=publish_count,
     )
@@ -98,14 +99,16 @@ def _revoke(ctx: SweepContext, record: dict[str, Any], why: str) -> str:
     A delivery that still comes may claim it from there and run (see
     :mod:`celery_recovery.revocations`).
     """
+    reason = f"not published again: {why}"
     if ctx.recovery.store.reconcile_try(
         record["task_id"],
         record["try_number"],
         TaskState.QUEUED,
         record.get("job_id"),
         TaskState.REVOKED,
-        f"not published again: {why}",
+        reason,
         ctx.now,
+        audit=ctx.decision(AuditAction.REVOKED, AuditReason.REVOKED, record, reason),
     ):
         ctx.report.revoked += 1
         return "revoked"
@@ -113,16 +116,9 @@ def _revoke(ctx: SweepContext, record: dict[str, Any], why: str) -> str:
     return "lost race"
 
 
-def _never_started(seen: Probe, live: dict[tuple[Any, Any], Any]) -> bool:
-    """Whether the backend's state leaves this overdue queued try unstarted.
-
-    ``PENDING``: nothing ever started.  ``DEFERRED``: its trigger fired and the
-    resume was published (a started resume stores ``STARTED``).  ``RETRY``: the
-    earlier try retried and published this one (a start of this try would have
-    stored ``STARTED``, or its signals would have claimed it long before the
-    timeout).  ``STARTED`` by a process that is not a live worker: the earlier
-    try, which died.
-    """
-    if seen.state in (states.PENDING, states.RETRY, DEFERRED_STATE):
-        return True
-    return seen.state == states.STARTED and (seen.hostname, seen.pid) not in live
+def _counted_from(record: dict[str, Any]) -> str:
+    """What the queued timeout ran from: a delayed task's ETA, not its publish."""
+    eta, queued_at = record.get("eta"), record.get("queued_at")
+    if eta is not None and (queued_at is None or eta > queued_at):
+        return f"of its ETA {eta.isoformat(timespec='seconds')}"
+    return "of being queued"

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import states
 
+from ..audit import AuditAction, AuditReason
 from ..probe import Probe
 from ..republish import republish
 from ..states import TaskState
@@ -26,8 +27,8 @@ logger = logging.getLogger("celery_recovery.sweep")
 #: registered in the sweeping process.
 CELERY_DEFAULT_MAX_RETRIES = 3
 
-#: Columns copied from a try to the try that replaces it.
-_COPIED_COLUMNS = ("task_name", *MESSAGE_COLUMNS)
+#: Columns copied from a try to the try that replaces it (an ETA task keeps its ETA).
+_COPIED_COLUMNS = ("task_name", "eta", *MESSAGE_COLUMNS)
 #: Columns a new publish is built from; all must have decoded as JSON.
 _PAYLOAD_COLUMNS = ("args", "kwargs", "headers", "options")
 
@@ -52,6 +53,7 @@ def take_backend_outcome(
         outcome,
         reason,
         ctx.now,
+        audit=ctx.decision(AuditAction.RECONCILED, _cause(expected_state, record), record, reason),
     ):
         ctx.report.reconciled += 1
         return "reconciled"
@@ -114,6 +116,7 @@ def reset(
         next_record=next_record,
         callback=_callback_row(ctx, record, new_state, reason),
         dead_job_id=dead_job_id,
+        audit=ctx.decision(_ACTION[new_state], _cause(expected_state, record), record, reason),
     )
     won, inserted = ctx.recovery.store.apply_reset(plan, ctx.now)
     if not won:
@@ -134,6 +137,21 @@ def reset(
         # lost-message sweep publishes it once it is overdue.
         republish(ctx.recovery.app, record, try_number + 1)
     return "republished"
+
+
+#: The audit action of a reset, by the state it gave the try.
+_ACTION = {TaskState.UP_FOR_RETRY: AuditAction.REPUBLISHED, TaskState.FAILED: AuditAction.FAILED}
+
+
+def _cause(expected_state: TaskState, record: dict[str, Any]) -> AuditReason:
+    """Why a try in ``expected_state`` is being recovered: its worker or its message was lost."""
+    if expected_state is TaskState.QUEUED:
+        if record.get("reserved_by") is not None:
+            return AuditReason.RESERVED_BY_DEAD_WORKER
+        return AuditReason.MESSAGE_LOST
+    if record.get("adopted_until") is not None:
+        return AuditReason.ADOPTION_EXPIRED
+    return AuditReason.WORKER_LOST
 
 
 def _callback_row(

@@ -1,4 +1,5 @@
-"""One sweep pass: zombies, lost messages, dead jobs, deferred tasks, then failure callbacks."""
+"""One sweep pass: zombies and their reserved messages, lost messages, dead jobs, deferred
+tasks, then failure callbacks."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from .callbacks import deliver_callbacks
 from .context import SweepContext, SweepReport
 from .deferred import sweep_deferred
 from .jobs import sweep_dead_jobs
+from .liveness import sweep_dead_processes
 from .lost_messages import sweep_lost_messages
+from .reserved import sweep_reserved
 from .zombies import sweep_zombies
 
 if TYPE_CHECKING:
@@ -30,10 +33,14 @@ SWEEP_COMPLETION = "sweep"
 HEARTBEAT_GRACE = "heartbeat-grace"
 
 #: Steps that judge processes dead from their heartbeats; they wait out a grace.
-JUDGING_STEPS = frozenset({"zombies", "dead jobs"})
+JUDGING_STEPS = frozenset({"dead processes", "zombies", "reserved", "dead jobs"})
 
 STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
+    # First: the zombie step then recovers the running tries of the processes it finds.
+    ("dead processes", sweep_dead_processes),
     ("zombies", sweep_zombies),
+    # Right after the zombies: a dead worker's reserved messages go with its running tries.
+    ("reserved", sweep_reserved),
     ("lost messages", sweep_lost_messages),
     ("dead jobs", sweep_dead_jobs),
     ("deferred tasks", sweep_deferred),
@@ -54,13 +61,15 @@ def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
             continue
         with ctx.isolated(f"the {name} step"):
             step(ctx)
+    report.duration = time.perf_counter() - started
     with ctx.isolated("recording the sweep's completion"):
-        recovery.store.mark_completed(SWEEP_COMPLETION, utcnow())
+        recovery.store.mark_completed(SWEEP_COMPLETION, utcnow(), report.as_dict())
     with ctx.isolated("reading the gauges of metrics"):
         metrics.refresh_gauges(recovery.store, ctx.now)
     report.duration = time.perf_counter() - started
     metrics.sweep_finished(report)
-    if report.errors or report.zombies or report.lost_messages or report.dead_jobs:
+    found = report.zombies + report.reserved + report.lost_messages + report.dead_jobs
+    if report.errors or found:
         logger.info("celery-recovery: sweep %s", report.as_dict())
     return report
 

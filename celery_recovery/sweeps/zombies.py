@@ -16,6 +16,7 @@ from typing import Any
 from celery import states
 
 from .. import metrics, sentry
+from ..audit import AuditAction, AuditReason
 from ..probe import UNKNOWN, Probe, probe_many
 from ..states import TaskState
 from .context import SweepContext
@@ -60,7 +61,14 @@ def _handle(
     if seen.state == states.RETRY:
         reason = "reconciled: the worker had retried it before it was lost"
         if store.reconcile_try(
-            task_id, try_number, TaskState.RUNNING, job_id, TaskState.UP_FOR_RETRY, reason, ctx.now
+            task_id,
+            try_number,
+            TaskState.RUNNING,
+            job_id,
+            TaskState.UP_FOR_RETRY,
+            reason,
+            ctx.now,
+            audit=ctx.decision(AuditAction.RECONCILED, AuditReason.WORKER_LOST, zombie, reason),
         ):
             ctx.report.reconciled += 1
             return "reconciled"
@@ -75,7 +83,8 @@ def _handle(
             f"adopted by live job {owner['id']} ({seen.hostname}, pid {seen.pid}) "
             f"until {until.isoformat()}"
         )
-        if store.adopt_try(task_id, try_number, job_id, owner["id"], reason, ctx.now, until):
+        audit = ctx.decision(AuditAction.ADOPTED, AuditReason.WORKER_LOST, zombie, reason)
+        if store.adopt_try(task_id, try_number, job_id, owner["id"], reason, ctx.now, until, audit):
             ctx.report.adopted += 1
             return "adopted"
         return None

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from celery import states
 
 from .. import metrics
+from ..audit import AuditAction, AuditReason, Decision
 from ..deferral import RESUME_HEADER, resume_header
 from ..errors import DeferralError, TriggerFailedError, TriggerTimeoutError
 from ..republish import republish
@@ -196,9 +197,19 @@ class OutcomeApplier:
                 reason="failed by its trigger",
                 error=str(payload.get("error")),
                 exception=str(payload.get("exception") or TriggerFailedError.__name__),
+                audit=_failed_for_good(row, payload),
             )
         reason = "completed by its trigger" if kind == SUCCESS else "resumed by its trigger"
         return Finish(int(row["id"]), row["task_id"], int(row["try_number"]), kind, reason)
+
+
+def _failed_for_good(row: dict[str, Any], payload: dict[str, Any]) -> Decision:
+    timeout = payload.get("exception") == TriggerTimeoutError.__name__
+    why = AuditReason.TRIGGER_TIMEOUT if timeout else AuditReason.TRIGGER_FAILED
+    # The triggerer that held it (a sweep's holder name when a sweep timed it out).
+    actor = str(row.get("triggerer_id") or "")[:64] or None
+    detail = str(payload.get("error") or "the trigger failed")[:MAX_ERROR_LENGTH]
+    return Decision.of(utcnow(), AuditAction.FAILED, why, row, detail, actor)
 
 
 def _metric_kind(finish: Finish) -> str:

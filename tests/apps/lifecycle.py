@@ -10,6 +10,7 @@ publishing app with :func:`create_app` so each test has its own store and queue.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ from celery_recovery import (
     defer,
     recoverable,
 )
-from tests.apps import triggers
+from tests.apps import canvas_tasks, triggers
 
 
 def create_app(
@@ -35,6 +36,7 @@ def create_app(
     acks_late: bool = False,
     reject_on_worker_lost: bool = False,
     visibility_timeout: float | None = None,
+    prefetch_multiplier: int = 1,
 ) -> Celery:
     """A lifecycle app; ``recovery`` holds the overrides to install celery-recovery with.
 
@@ -47,7 +49,7 @@ def create_app(
         result_backend=backend,
         task_default_queue=queue,
         task_track_started=True,
-        worker_prefetch_multiplier=1,
+        worker_prefetch_multiplier=prefetch_multiplier,
         broker_connection_retry_on_startup=True,
         accept_content=["json", "pickle"],
         result_accept_content=["json", "pickle"],
@@ -61,6 +63,7 @@ def create_app(
             "unacked_restore_throttle": 1,
         }
     _register_tasks(app)
+    canvas_tasks.register(app)
     if recovery is not None:
         Recovery(app, **recovery)
     return app
@@ -130,6 +133,43 @@ def _register_tasks(app: Celery) -> None:
         _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
         time.sleep(seconds)
         return seconds
+
+    def killable(self, ledger, seconds):
+        """Long on its first try (the one a test kills by its pid), short once retried."""
+        try_number = self.request.retries + 1
+        _append(ledger, f"start try={try_number} pid={os.getpid()}")
+        time.sleep(seconds if try_number == 1 else 0)
+        _append(ledger, f"done try={try_number} pid={os.getpid()}")
+        return try_number
+
+    # A pool process killed mid-task: Celery's three ways of handling it.
+    for suffix, options in (
+        ("", {}),
+        ("_quiet", {"ignore_result": True}),
+        ("_retried", {"retry_on_worker_lost": True, "default_retry_delay": 0}),
+    ):
+        app.task(
+            shared=False,
+            name=f"lifecycle.killable{suffix}",
+            bind=True,
+            base=LedgerTask,
+            max_retries=2,
+            **options,
+        )(killable)
+
+    @app.task(
+        shared=False,
+        name="lifecycle.poison",
+        bind=True,
+        base=LedgerTask,
+        max_retries=2,
+        acks_late=True,
+        reject_on_worker_lost=True,
+    )
+    def poison(self, ledger):
+        """Kills its own process, as a task the OOM killer always picks would."""
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        os.kill(os.getpid(), signal.SIGKILL)
 
     @app.task(shared=False, name="lifecycle.slow_first_try", bind=True, max_retries=3)
     def slow_first_try(self, first_seconds, later_seconds):
@@ -250,6 +290,7 @@ app = create_app(
         if os.environ.get("RECOVERY_TEST_VISIBILITY")
         else None
     ),
+    prefetch_multiplier=int(os.environ.get("RECOVERY_TEST_PREFETCH") or 1),
 )
 if os.environ.get("RECOVERY_TEST_BEAT_INTERVAL"):
     from celery_recovery.beat_schedules import recovery_beat_schedule

@@ -64,6 +64,7 @@ def add_try(
     task_id: str | None = None,
     try_number: int = 1,
     now: datetime | None = None,
+    **columns: Any,
 ) -> str:
     now = now or utcnow()
     task_id = task_id or uuid.uuid4().hex
@@ -82,6 +83,7 @@ def add_try(
                 "started_at": now - timedelta(minutes=30) if job_id else None,
                 "ended_at": None if ended_age is None else now - timedelta(seconds=ended_age),
                 "updated_at": now,
+                **columns,
             }
         ]
     )

@@ -11,8 +11,16 @@ from celery import Celery
 from sqlalchemy import create_engine, func, select, text
 
 from celery_recovery import Recovery
+from celery_recovery.audit import AuditAction, AuditReason, Decision
 from celery_recovery.retention import CLEAN_TASK
-from celery_recovery.store.schema import callbacks, jobs, task_records, triggers
+from celery_recovery.store.schema import (
+    audit_log,
+    callbacks,
+    jobs,
+    reservations,
+    task_records,
+    triggers,
+)
 from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job, add_trigger, add_try, run
 
@@ -35,6 +43,17 @@ def add_callback(store, created_age: float, claimed_for: float | None = None) ->
                     claimed_until=now + timedelta(seconds=claimed_for) if claimed_for else None,
                 )
                 .returning(callbacks.c.id)
+            ).scalar_one()
+        )
+
+
+def add_decision(store, age: float) -> int:
+    at = utcnow() - timedelta(seconds=age)
+    decision = Decision(at, AuditAction.REPUBLISHED, AuditReason.WORKER_LOST, "t", 1)
+    with store.transaction() as conn:
+        return int(
+            conn.execute(
+                audit_log.insert().values(**decision.row()).returning(audit_log.c.id)
             ).scalar_one()
         )
 
@@ -77,6 +96,17 @@ def history(store):
         add_trigger(store, finished, None, created_age=old, try_number=1),
         add_trigger(store, "no-such-task", None, created_age=old),
     }
+    # Reservations: old ones whose try is no longer queued; never a queued try's.
+    queued = add_try(store, "queued")
+    keep.add(queued)
+    at = utcnow()
+    store.record_reservations(
+        [
+            (queued, 1, "some-job", at - timedelta(seconds=old)),
+            (finished, 1, "some-job", at - timedelta(seconds=old)),
+            (deferred, 1, "some-job", at - timedelta(seconds=recent)),
+        ]
+    )
     callbacks_keep = {add_callback(store, recent), add_callback(store, old, claimed_for=60)}
     # Revocations: only overdue queued tries consult them, long decided after 30 days.
     long_ago, lately = utcnow() - timedelta(seconds=old), utcnow() - timedelta(seconds=recent)
@@ -88,31 +118,46 @@ def history(store):
         ]
     )
     callbacks_gone = {add_callback(store, old), add_callback(store, old, claimed_for=-60)}
+    audit_keep = {add_decision(store, recent)}
+    audit_gone = {add_decision(store, old), add_decision(store, old + DAY)}
     return {
         "keep": keep,
         "gone": gone,
+        "audit_keep": audit_keep,
+        "audit_gone": audit_gone,
         "triggers_keep": triggers_keep,
         "triggers_gone": triggers_gone,
         "callbacks_keep": callbacks_keep,
         "callbacks_gone": callbacks_gone,
+        "reservations_keep": {queued, deferred},
     }
 
 
 def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--yes", "--batch-size", "2")
     assert result.exit_code == 0, result.output
-    assert "deleted: callbacks 2, triggers 2, task_records 4, jobs 2" in result.output
+    counts = (
+        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, revocations 2, "
+        "claims 0, audit_log 2"
+    )
+    assert f"deleted: {counts}" in result.output
+    assert ids(store, audit_log, audit_log.c.id) == history["audit_keep"]
     remaining = ids(store, task_records, task_records.c.task_id) | ids(store, jobs, jobs.c.id)
     assert history["keep"] <= remaining
     assert not history["gone"] & remaining
     assert ids(store, triggers, triggers.c.id) == history["triggers_keep"]
     assert ids(store, callbacks, callbacks.c.id) == history["callbacks_keep"]
+    assert ids(store, reservations, reservations.c.task_id) == history["reservations_keep"]
 
 
 def test_dry_run_only_counts(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--dry-run")
     assert result.exit_code == 0
-    assert "callbacks 2, triggers 2, task_records 4, jobs 2" in result.output
+    counts = (
+        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, revocations 2, "
+        "claims 0, audit_log 2"
+    )
+    assert counts in result.output
     assert "dry run: nothing deleted" in result.output
     assert history["gone"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
@@ -124,7 +169,7 @@ def test_clean_asks_before_deleting(store, history):
     assert refused.exit_code == 1 and "aborted: nothing deleted" in refused.output
     assert ids(store, callbacks, callbacks.c.id) >= history["callbacks_gone"]
     agreed = run(store.url, "db", "clean", "--before", "30d", input="y\n")
-    assert agreed.exit_code == 0 and "Delete these 12 rows?" in agreed.output
+    assert agreed.exit_code == 0 and "Delete these 15 rows?" in agreed.output
     assert ids(store, callbacks, callbacks.c.id) == history["callbacks_keep"]
 
 
@@ -177,9 +222,12 @@ def test_beat_task_runs_the_same_retention(store, history):
     assert report["deleted"] == {
         "callbacks": 2,
         "triggers": 2,
+        "reservations": 1,
         "task_records": 4,
         "jobs": 2,
         "revocations": 2,
+        "claims": 0,
+        "audit_log": 2,
     }
     assert history["keep"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id
@@ -268,7 +316,10 @@ def test_clean_skips_rows_locked_by_a_concurrent_transaction_instead_of_waiting(
         # waited on it (a blocking clean would still be waiting when the deadline passes).
         assert done.wait(30), "db clean waited on a row another transaction holds"
         assert outcome["result"].exit_code == 0, outcome["result"].output
-        assert "deleted: callbacks 0, triggers 0, task_records 98" in outcome["result"].output
+        assert (
+            "deleted: callbacks 0, triggers 0, reservations 0, task_records 98"
+            in outcome["result"].output
+        )
         assert ids(store, task_records, task_records.c.task_id) == {"old-7", "old-8"}
     finally:
         tx.rollback()

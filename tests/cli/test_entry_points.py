@@ -26,6 +26,7 @@ COMMANDS = [
     ["jobs"],
     ["jobs", "check"],
     ["db", "clean"],
+    ["web"],
 ]
 
 

@@ -40,11 +40,37 @@ def world(store):
 def test_zombies_are_the_running_tries_of_dead_workers_with_heartbeat_age(store, world):
     rows = run_json(store.url, "inspect", "zombies")
     assert [r["task_id"] for r in rows] == [world["zombie_try"]]
-    assert rows[0]["worker_host"] == "dead-host"
+    assert rows[0]["worker"] == "celery@dead-host", "Celery's node name, as in inspect tasks"
+    assert rows[0]["status"] == "zombie" and rows[0]["judged_in"] is None
     assert 119 < rows[0]["heartbeat_age"] < 200
     table = run(store.url, "inspect", "zombies").output
-    assert world["zombie_try"] in table and "dead-host" in table
+    assert world["zombie_try"] in table and "celery@dead-host" in table
     assert world["healthy_try"] not in table
+
+
+def test_zombies_right_after_a_kill_name_the_silent_worker_and_when_it_is_judged(store):
+    # Default settings: heartbeat 5 s, zombie threshold 30 s; the worker was killed 12 s ago.
+    silent = add_job(store, "worker", heartbeat_age=12, hostname="killed-host")
+    task_id = add_try(store, "running", silent)
+    add_try(store, "running", add_job(store, "worker", heartbeat_age=1))
+    (row,) = run_json(store.url, "inspect", "zombies")
+    assert (row["task_id"], row["status"]) == (task_id, "silent")
+    assert 17 < row["judged_in"] <= 18
+    table = run(store.url, "inspect", "zombies").output
+    assert "no zombies" not in table and "celery@killed-host" in table
+    assert "1 running try has a silent worker, not yet a zombie" in table
+    assert "recovery_zombie_threshold=30s, the first in 1" in table
+
+
+def test_tasks_and_zombies_name_the_worker_alike(store):
+    dead = add_job(store, "worker", heartbeat_age=120, hostname="pod-3")
+    # A worker records Celery's request.hostname, which is the node name.
+    task_id = add_try(store, "running", dead, worker_hostname="celery@pod-3")
+    (zombie,) = run_json(store.url, "inspect", "zombies")
+    (task,) = run_json(store.url, "inspect", "tasks")
+    assert zombie["task_id"] == task["task_id"] == task_id
+    assert zombie["worker"] == task["worker"] == "celery@pod-3"
+    assert "celery@pod-3" in run(store.url, "inspect", "tasks").output
 
 
 def test_orphans_are_triggers_without_a_live_triggerer_and_unserved_queues_flagged(store, world):
@@ -102,7 +128,10 @@ def test_jobs_table_is_aligned_and_coloured_only_on_a_terminal(store, world):
     assert {line[column:].split()[0] for line in plain[1:]} == {"yes", "no"}
     coloured = run(store.url, "inspect", "jobs", color=True).output
     assert "\x1b[32myes" in coloured and "\x1b[31mno" in coloured
-    assert [ANSI.sub("", line) for line in coloured.splitlines()] == plain
+    # The same table but for colour; heartbeat ages move on between the two runs.
+    ages = re.compile(r"\b\d+\.\ds\b")
+    stripped = [ages.sub("age", ANSI.sub("", line)) for line in coloured.splitlines()]
+    assert stripped == [ages.sub("age", line) for line in plain]
 
 
 def test_tasks_filter_by_state_and_name_with_a_limit(store, world):
@@ -157,3 +186,33 @@ def test_json_is_a_list_of_objects_for_every_view(store, world):
         output = run(store.url, "inspect", view, "--json").output
         rows = json.loads(output)
         assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows), view
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_inspect_zombies_right_after_a_real_kill(store, start_worker, client_app, monkeypatch):
+    from tests.conftest import FAST_SETTINGS
+    from tests.workers import wait_for
+
+    for name, value in FAST_SETTINGS.items():
+        monkeypatch.setenv(f"CELERY_RECOVERY_{name.upper()}", str(value))
+    worker = start_worker(concurrency=1)
+    result = client_app.send_task("lifecycle.sleep_for", (30,))
+    wait_for(
+        lambda: store.tries(result.id)[0]["state"] == "running" if store.tries(result.id) else 0
+    )
+    worker.kill()
+
+    def says_silent():
+        out = run(store.url, "inspect", "zombies").output
+        return out if "silent worker, not yet a zombie" in out else None
+
+    out = wait_for(says_silent, 5, interval=0.1, what="the killed worker's try to show as silent")
+    assert result.id in out and "no zombies" not in out
+    rows = wait_for(
+        lambda: [r for r in run_json(store.url, "inspect", "zombies") if r["status"] == "zombie"],
+        10,
+        interval=0.2,
+        what="the silent try to become a zombie at the threshold",
+    )
+    assert rows[0]["task_id"] == result.id and rows[0]["worker"].startswith(worker.name + "@")

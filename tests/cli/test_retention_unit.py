@@ -48,7 +48,16 @@ def test_a_future_cutoff_is_refused():
 
 
 def test_tables_default_to_all_in_purge_order_and_unknown_ones_are_named():
-    assert check_tables(None) == ("callbacks", "triggers", "task_records", "jobs", "revocations")
+    assert check_tables(None) == (
+        "callbacks",
+        "triggers",
+        "reservations",
+        "task_records",
+        "jobs",
+        "revocations",
+        "claims",
+        "audit_log",
+    )
     assert check_tables(["jobs", "callbacks"]) == ("callbacks", "jobs")
     with pytest.raises(ConfigurationError, match="unknown table leases"):
         check_tables(["leases"])

@@ -42,7 +42,8 @@ def test_paused_worker_is_recovered_and_its_late_outcome_does_not_overwrite(
     client = make_client_app(pg_url)
     store = Store(pg_url)
     workers = [start_worker(store_url=pg_url, name=f"w{i}", concurrency=1) for i in (1, 2)]
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 2, what="the workers' jobs")
+    # Each worker's main process and its pool process.
+    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 4, what="the workers' jobs")
     ledger = tmp_path / "ledger"
     # The first try sleeps 6 s; its lease (lock_ttl 10 s) outlives the pause.
     result = client.send_task("lifecycle.charge", (str(ledger), "p1", 6))

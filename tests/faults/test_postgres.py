@@ -48,7 +48,8 @@ def test_store_fault_mid_run_loses_nothing_and_recovery_resumes(
     client = make_client_app(fault_pg_url)
     store = Store(fault_pg_url)
     workers = [start_worker(store_url=fault_pg_url, name=f"w{i}") for i in (1, 2)]
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 4, what="the workers' jobs")
+    # Each worker's main process and two pool processes.
+    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 6, what="the workers' jobs")
 
     with TaskStream(client) as stream:
         stream.wait_completed(20, 20, "tasks before the fault")

@@ -36,7 +36,8 @@ def test_redis_restart_mid_run_loses_nothing_and_charges_once(
     store = Store(pg_url)
     for i in (1, 2):
         start_worker(store_url=pg_url, name=f"w{i}")
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 4, what="the workers' jobs")
+    # Each worker's main process and two pool processes.
+    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 6, what="the workers' jobs")
     ledger = tmp_path / "ledger"
     charge = client.send_task("lifecycle.charge", (str(ledger), "o1", 3))
     wait_for(lambda: count(ledger, "run o1"), 15, what="the charge to start")

@@ -61,8 +61,9 @@ def test_zombie_recovery_shows_in_the_scraped_metrics(
         15,
         what="the task to run",
     )
+    # (its main process, which takes the messages, and its one pool process)
     wait_for(
-        lambda: value(scrape(port) or {}, "celery_recovery_jobs_running", job_type="worker") == 1,
+        lambda: value(scrape(port) or {}, "celery_recovery_jobs_running", job_type="worker") == 2,
         10,
         what="a sweep to see the live worker",
     )
@@ -81,7 +82,7 @@ def test_zombie_recovery_shows_in_the_scraped_metrics(
     after = wait_for(republished, ZOMBIE + SWEEP + 15, interval=0.2, what="the republish metric")
     actions = {
         action: value(after, "celery_recovery_sweep_actions_total", cause=cause, action=action)
-        for cause in ("zombie", "lost_message")
+        for cause in ("zombie", "reserved", "lost_message")
         for action in ("republished", "failed", "adopted", "reconciled")
         if value(after, "celery_recovery_sweep_actions_total", cause=cause, action=action)
     }

@@ -90,3 +90,14 @@ def running_try(store, task_id: str) -> dict:
         15,
         what=f"{task_id} to be running",
     )
+
+
+def succeeded_tries(store, task_id: str, timeout: float = 10.0) -> list:
+    """Wait until the last try of ``task_id`` is recorded ``success``; all its tries."""
+    from celery_recovery import TaskState
+
+    return wait_for(
+        lambda: (t := store.tries(task_id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        timeout,
+        what=f"the last try of {task_id} to succeed",
+    )

@@ -115,24 +115,55 @@ def test_lost_message_of_a_later_try_is_published_again(
     store.dispose()
 
 
+def lose_until(client, store, queue_url: str, queue: str, task_id: str, done, what: str) -> list:
+    """Delete the queue's messages and sweep until ``done(tries)``; the task's tries."""
+    recovery = recovery_for_app(client)
+    assert recovery.flush()
+    broker = redis.Redis.from_url(queue_url)
+
+    def lose_and_sweep():
+        broker.delete(queue)
+        recovery.sweep()
+        return done(store.tries(task_id))
+
+    wait_for(lose_and_sweep, 15, interval=0.5, what=what)
+    return store.tries(task_id)
+
+
 def test_lost_messages_are_failed_after_the_republish_bound(
     make_client_app, store_url, store, broker_urls, queue
 ):
     client = make_client_app(store_url, queued_timeout=1, max_republish=1)
     result = client.send_task("lifecycle.add", (1, 1))
-    recovery = recovery_for_app(client)
-    assert recovery.flush()
-    broker = redis.Redis.from_url(broker_urls[0])
-
-    def lose_and_sweep():
-        broker.delete(queue)
-        recovery.sweep()
-        return store.tries(result.id)[-1]["state"] == TaskState.FAILED
-
-    wait_for(lose_and_sweep, 15, interval=0.5, what="the task to be failed as lost")
-    tries = store.tries(result.id)
+    tries = lose_until(
+        client,
+        store,
+        broker_urls[0],
+        queue,
+        result.id,
+        lambda tries: tries[-1]["state"] == TaskState.FAILED,
+        "the task to be failed as lost",
+    )
     assert [t["state"] for t in tries] == [TaskState.UP_FOR_RETRY, TaskState.FAILED]
     assert "never started" in tries[-1]["state_reason"]
+
+
+def test_lost_delayed_task_says_its_timeout_ran_from_the_eta(
+    make_client_app, store_url, store, broker_urls, queue
+):
+    client = make_client_app(store_url, queued_timeout=1)
+    result = client.send_task("lifecycle.add", (1, 1), countdown=2)
+    first, *_ = lose_until(
+        client,
+        store,
+        broker_urls[0],
+        queue,
+        result.id,
+        lambda tries: tries[0]["state"] != TaskState.QUEUED,
+        "the delayed task to be found lost",
+    )
+    assert "not started within 1s of its ETA 20" in first["state_reason"], first["state_reason"]
+    assert "of being queued" not in first["state_reason"]
 
 
 # Store-independent behaviour: one store keeps the suite's time for the cases that differ.
@@ -150,4 +181,4 @@ def test_live_jobs_are_not_zombies(client_app, store, start_worker):
         report = recovery.sweep()
         assert report.zombies == 0 and report.republished == 0
     assert result.get(timeout=15) == 4
-    assert len(store.list_jobs(JobType.WORKER)) == 2
+    assert len(store.list_jobs(JobType.WORKER)) == 3  # the main process and two pool processes

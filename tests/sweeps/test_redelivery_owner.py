@@ -23,7 +23,20 @@ INTERVAL = FAST_SETTINGS["heartbeat_interval"]
 
 
 def redelivery(task_id: str) -> SimpleNamespace:
-    request = SimpleNamespace(id=task_id, retries=0, delivery_info={"redelivered": True})
+    request = SimpleNamespace(
+        id=task_id,
+        retries=0,
+        delivery_info={"redelivered": True},
+        args=[1, 2],
+        kwargs={},
+        callbacks=None,
+        errbacks=None,
+        chain=None,
+        chord=None,
+        eta=None,
+        expires=None,
+        hostname="w@here",
+    )
     return SimpleNamespace(name="lifecycle.add", request=request)
 
 

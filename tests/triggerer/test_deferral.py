@@ -131,6 +131,15 @@ def test_failing_triggers_fail_their_task_and_its_callbacks_run(
     for kind, (exc_type, _) in cases.items():
         failures = [x for x in ledger_lines(tmp_path / kind) if x.startswith("on_failure")]
         assert len(failures) == 1 and exc_type.__name__ in failures[0], (kind, failures)
+    # And the recovery audit log says each was failed for good by its trigger, and why
+    from tests.web.helpers import console_client
+
+    with console_client(store.url) as console:
+        for kind in cases:
+            params = {"task_id": results[kind].id, "action": "failed"}
+            [row] = console.get("/api/recoveries", params=params).json()["rows"]
+            reason = "trigger_timeout" if kind == "Never" else "trigger_failed"
+            assert (row["try_number"], row["reason"]) == (1, reason), (kind, row)
 
 
 def test_bad_trigger_arguments_fail_at_defer_time_and_store_nothing(

@@ -1,7 +1,7 @@
 """Revocations: revokes and purges made through a Recovery app's control object.
 
 Revision ID: 0009
-Revises: 0004
+Revises: 0008
 Create Date: 2026-11-30
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from celery_recovery.store.schema import BigId, MessageJSON, UTCDateTime
 
 revision = "0009"
-down_revision = "0004"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,143 @@
+"""Chords on result backends without native chords: publish each body once.
+
+Such backends (``db+...``, and every backend whose ``apply_chord`` falls back
+to polling) run Celery's ``celery.chord_unlock``: one task per chord, which
+polls the header's results and retries itself (``max_retries=None``) until
+they are ready, then publishes the body with ``callback.delay``.  Nothing in
+Celery de-duplicates that publish.  After a crash there can be two copies of
+one unlock task: the broker's redelivery of the dead worker's message and the
+try a sweep published in its place, or a try killed after it published the
+body and retried by the zombie sweep.  Each copy would publish the body.
+
+Every copy of one chord's unlock task carries the same task id (its retries
+and our re-publishes keep it; applying a chord again, even a frozen one,
+sends a new unlock task), so the body is published under a store claim named
+after that id: the first copy to claim it publishes, the others see it done
+and only end.  A copy whose claim is held by another one waits for it to be
+completed, or to expire when its holder died before publishing.  Without the
+store the body is published anyway: a crash may then duplicate it, but a store
+outage never stalls a chord.
+
+Native chords (the Redis backend) count header parts in the backend itself;
+Celery 5.7 records each header task once (by task id and header index) and
+claims the body's dispatch there, so nothing is needed for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from celery.canvas import maybe_signature
+
+from .errors import StoreError
+from .store.claim_ops import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
+from .timeutils import utcnow
+
+if TYPE_CHECKING:
+    from .recovery import Recovery
+
+logger = logging.getLogger("celery_recovery.canvas")
+
+UNLOCK_TASK = "celery.chord_unlock"
+#: Seconds a claim stays held before a contender may take it over (its holder died).
+CLAIM_TTL = 30.0
+#: Seconds between two looks at a claim another unlock copy holds.
+CLAIM_POLL = 0.2
+
+_WRAPPED = "_celery_recovery_body_once"
+
+
+def install_chord_body_once(recovery: Recovery) -> None:
+    """Make the app's ``celery.chord_unlock`` publish each chord body at most once."""
+    app = recovery.app
+
+    def install(*_: Any, **__: Any) -> None:
+        task = app.tasks.get(UNLOCK_TASK)
+        if task is not None:
+            _wrap_unlock(type(task), recovery)
+
+    if app.finalized:
+        install()
+    else:
+        app.on_after_finalize.connect(install, weak=False)
+
+
+def claim_name(unlock_task_id: str) -> str:
+    """The store claim that guards the body publish of one chord's unlock task."""
+    name = f"{CLAIM_PREFIX}chord-body:{unlock_task_id}"
+    if len(name) <= CLAIM_NAME_MAX:
+        return name
+    # Celery's ids are UUIDs; a longer custom id is hashed to fit the column.
+    return f"{CLAIM_PREFIX}chord-body:{hashlib.sha256(unlock_task_id.encode()).hexdigest()[:40]}"
+
+
+def _wrap_unlock(cls: type, recovery: Recovery) -> None:
+    if cls.__dict__.get(_WRAPPED):
+        return
+    original = cls.run
+
+    def run(self: Any, group_id: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
+        body = maybe_signature(callback, app=self.app)
+        if body is not None and self.request.id and not self.request.is_eager:
+            _publish_once(recovery, body, claim_name(self.request.id))
+        return original(self, group_id, body, *args, **kwargs)
+
+    cls.run = run  # type: ignore[attr-defined]
+    setattr(cls, _WRAPPED, True)
+
+
+def _publish_once(recovery: Recovery, body: Any, name: str) -> None:
+    """Replace ``body.delay`` (what chord_unlock publishes with) by a claimed publish."""
+    publish = body.delay
+
+    def delay(*args: Any, **kwargs: Any) -> Any:
+        holder = uuid.uuid4().hex
+        claim = _claim(recovery, name, holder)
+        if claim is Claim.DONE:
+            logger.warning(
+                "celery-recovery: chord body %s[%s] already published (%s); not again",
+                body.get("task"),
+                body.id,
+                name,
+            )
+            return None
+        try:
+            result = publish(*args, **kwargs)
+        except BaseException:
+            if claim is Claim.WON:
+                _quietly(recovery, "releasing", lambda: recovery.store.release_claim(name, holder))
+            raise
+        if claim is Claim.WON:
+            done = lambda: recovery.store.complete_claim(name, holder, utcnow())  # noqa: E731
+            _quietly(recovery, "completing", done)
+        return result
+
+    body.delay = delay
+
+
+def _claim(recovery: Recovery, name: str, holder: str) -> Claim | None:
+    """WON or DONE, after waiting out another holder; None when the store cannot tell."""
+    deadline = time.monotonic() + CLAIM_TTL + 5 * CLAIM_POLL
+    while True:
+        try:
+            claim = recovery.store.claim_once(name, holder, utcnow(), CLAIM_TTL)
+        except StoreError as exc:
+            # Availability over certainty: a store outage must not stall the chord.
+            recovery.runtime.health.record_failure(exc, f"claiming the publish of {name}")
+            return None
+        if claim is not Claim.HELD:
+            return claim
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(CLAIM_POLL)
+
+
+def _quietly(recovery: Recovery, what: str, call: Any) -> None:
+    try:
+        call()
+    except StoreError as exc:
+        recovery.runtime.health.record_failure(exc, f"{what} a chord body claim")

@@ -1,0 +1,39 @@
+"""The markers a new job records, and the holder its process starts for them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from . import postgres
+from .process import process_marker
+
+
+def uses_lock_marker(settings: Any) -> bool:
+    """Whether processes hold, and sweeps check, the PostgreSQL advisory lock marker."""
+    return (
+        settings.liveness_markers == "auto"
+        and make_url(settings.database_url).get_backend_name() == "postgresql"
+    )
+
+
+def start_lock_marker(settings: Any, label: str) -> None:
+    """Hold this process tree's advisory lock, unless a parent already does.
+
+    A prefork worker calls this in its main process before the pool forks:
+    its pool processes then record the parent's key and open no connection.
+    """
+    if uses_lock_marker(settings) and not postgres.has_holder():
+        postgres.hold_marker(settings.database_url, settings.heartbeat_interval, label)
+
+
+def job_markers(settings: Any, label: str) -> dict[str, Any]:
+    """The marker columns of a job starting in this process."""
+    if settings.liveness_markers == "off":
+        return {}
+    start_lock_marker(settings, label)
+    return {
+        "process_marker": process_marker(),
+        "marker_lock": postgres.marker_lock_key() if uses_lock_marker(settings) else None,
+    }

@@ -1,0 +1,52 @@
+"""Reservations: a worker's main process records each message it takes.
+
+``task_received`` is sent in the worker's main process for every message it
+takes from the broker (prefetched, or held for its ETA or countdown), before
+the message is reserved or scheduled.  The handler queues one small write (the
+try, the main process's job, the time) to the batched writer, so that when the
+whole worker dies its reserved tries are published again in the same sweep as
+its running ones, not ``recovery_queued_timeout`` later.
+
+It also stamps the reception time on the request, which reaches the pool
+process: a delivery that waited in this worker longer than a heartbeat
+interval may have been published again meanwhile (its job was judged dead
+during a pause), so it is checked before it runs (see :mod:`..execution`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery.signals import task_received
+
+from ..recovery import recovery_for_app
+from ..republish import RESERVED_AT_HEADER
+from ..timeutils import utcnow
+from .guard import never_raises
+
+#: Seconds a prefork worker's main process lets reservations gather before one
+#: commit writes them.  It is the busiest process of the worker (it takes every
+#: message and hands it to a pool process), so it commits a few times a second, not
+#: fifty; a worker killed within this window leaves those few messages to the
+#: queued timeout, as before.
+MAIN_PROCESS_FLUSH_INTERVAL = 0.2
+
+
+@never_raises
+def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    recovery = recovery_for_app(getattr(sender, "app", None))
+    if recovery is None or request is None:
+        return
+    runtime = recovery.runtime
+    job_id = runtime.job_id
+    if job_id is None:
+        return  # not a worker job (yet): the queued timeout stays the net
+    details = request.request_dict
+    details[RESERVED_AT_HEADER] = time.time()
+    try_number = int(details.get("retries") or 0) + 1
+    runtime.write("reserved", (request.id, try_number, job_id, utcnow()))
+
+
+def connect() -> None:
+    task_received.connect(on_received, weak=False, dispatch_uid=__name__ + ".received")

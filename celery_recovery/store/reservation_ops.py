@@ -1,0 +1,106 @@
+"""Reservations: which worker job holds a message it received but has not started.
+
+Mixed into :class:`~celery_recovery.store.Store`.  A worker's main process
+records each message it takes (prefetched, or waiting for its ETA) through the
+write-behind writer; the row is superseded, not deleted, when the try starts
+(the try is no longer ``queued``).  When the job dies, the reserved sweep
+publishes those tries again instead of waiting for ``recovery_queued_timeout``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.engine import Connection
+
+from ..states import JobState, TaskState
+from .schema import jobs, reservations, same_try, task_records
+
+
+class ReservationOperations:
+    """Store methods for reservations (see :mod:`celery_recovery.sweeps.reserved`)."""
+
+    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
+        raise NotImplementedError
+
+    def _insert(self, table: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def _statement(self, key: Any, build: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def record_reservations(self, items: Sequence[tuple[str, int, str, datetime]]) -> None:
+        """Record ``(task_id, try_number, job_id, reserved_at)`` items (a redelivery
+        to another job moves the reservation there)."""
+        if items:
+            with self.transaction() as conn:
+                self._upsert_reservations(conn, items)
+
+    def _upsert_reservations(
+        self, conn: Connection, items: Sequence[tuple[str, int, str, datetime]]
+    ) -> None:
+        stmt = self._statement("reserved", self._build_upsert_reservation)
+        # One row per try: the last reception in the batch wins, as it would in order.
+        rows = {
+            (t, n): {"task_id": t, "try_number": n, "job_id": j, "reserved_at": at}
+            for t, n, j, at in items
+        }
+        conn.execute(stmt, list(rows.values()))
+
+    def _build_upsert_reservation(self) -> Any:
+        insert = self._insert(reservations)
+        return insert.on_conflict_do_update(
+            index_elements=["task_id", "try_number"],
+            set_={"job_id": insert.excluded.job_id, "reserved_at": insert.excluded.reserved_at},
+        )
+
+    def find_reserved_by_dead_jobs(
+        self, now: datetime, threshold: float, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """Queued tries whose message a dead worker job received and never started.
+
+        Dead: marked failed by a sweep, or running with a heartbeat older than
+        ``threshold``.  Only receptions the job made while it could still have
+        been judged alive count (``reserved_at`` no later than its last beat plus
+        ``threshold``, both from the job's own clock): a process judged dead
+        while only paused, which takes messages before it notices and carries
+        on as a new job, keeps and runs those itself.
+        """
+        cutoff = now - timedelta(seconds=threshold)
+        stmt = (
+            select(
+                task_records,
+                reservations.c.job_id.label("reserved_by"),
+                reservations.c.reserved_at,
+                jobs.c.latest_heartbeat.label("job_heartbeat"),
+                jobs.c.state.label("job_state"),
+                jobs.c.hostname.label("job_hostname"),
+                jobs.c.node_name.label("job_node_name"),
+                jobs.c.pid.label("job_pid"),
+            )
+            .select_from(
+                task_records.join(reservations, same_try(reservations)).join(
+                    jobs, jobs.c.id == reservations.c.job_id
+                )
+            )
+            .where(
+                task_records.c.state == TaskState.QUEUED.value,
+                or_(
+                    jobs.c.state == JobState.FAILED.value,
+                    and_(
+                        jobs.c.state == JobState.RUNNING.value,
+                        jobs.c.latest_heartbeat < cutoff,
+                    ),
+                ),
+            )
+            .order_by(reservations.c.reserved_at)
+            .limit(limit)
+        )
+        with self.transaction() as conn:
+            found = [dict(row) for row in conn.execute(stmt).mappings()]
+        window = timedelta(seconds=threshold)
+        return [r for r in found if r["reserved_at"] <= r["job_heartbeat"] + window]

@@ -1,0 +1,74 @@
+"""Reserved messages of dead workers: published again in the same sweep as their running tries.
+
+A worker holds more messages than it runs: prefetched ones (``worker_prefetch
+_multiplier``, 4 by default) and ETA or countdown tasks waiting for their
+time.  When the whole worker dies, the broker keeps them as unacknowledged
+(Redis restores them only after its visibility timeout, an hour by default).
+Each was recorded as reserved by the worker's job (see
+:mod:`..signals.reservations`), so once that job is dead its tries that never
+started are checked against the result backend and published again as the
+next try, keeping their ETA.  The broker's own copy, if it ever comes back, is
+dropped at the worker as superseded.  Messages no worker took stay with the
+lost-message sweep and ``recovery_queued_timeout``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import metrics
+from ..probe import UNKNOWN, Probe, never_started, probe_many
+from ..states import TaskState
+from .context import SweepContext
+from .resets import reset, take_backend_outcome
+
+
+def sweep_reserved(ctx: SweepContext) -> None:
+    settings = ctx.recovery.settings
+    reserved = ctx.recovery.store.find_reserved_by_dead_jobs(ctx.now, settings.zombie_threshold)
+    if not reserved:
+        return
+    ctx.report.reserved += len(reserved)
+    live = ctx.live_workers()
+    seen: dict[str, Probe] = {}
+    with ctx.isolated("probing the result backend"):
+        seen = probe_many(ctx.recovery.app, [r["task_id"] for r in reserved])
+    for record in reserved:
+        with ctx.isolated(f"reserved {record['task_id']}/{record['try_number']}"):
+            action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)), live)
+            if action in metrics.definitions.ACTIONS:
+                # No Sentry event per message: the dead worker is reported once, as a zombie
+                # or a dead job.
+                metrics.sweep_action("reserved", action)
+
+
+def _handle(
+    ctx: SweepContext, record: dict[str, Any], seen: Probe, live: dict[tuple[Any, Any], Any]
+) -> str | None:
+    """Decide on one reserved try of a dead job; returns what was done or None."""
+    if seen.state == UNKNOWN:
+        ctx.report.errors += 1  # publishing blind could run a finished task again
+        return None
+    why = (
+        f"reserved by dead worker job {record['reserved_by']} ({record.get('job_hostname')}, "
+        f"pid {record.get('job_pid')}), last heartbeat {record.get('job_heartbeat')}; never started"
+    )
+    taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, why)
+    if taken is not None:
+        return taken
+    if not never_started(seen, live):
+        return None  # started in a live worker: its own signals will catch up
+    result = reset(
+        ctx,
+        record,
+        expected_state=TaskState.QUEUED,
+        why=why,
+        count_retries=False,
+        dead_job_id=record["reserved_by"],
+        publish_count=int(record.get("publish_count") or 1) + 1,
+    )
+    if result == "republished":
+        ctx.report.reserved_republished += 1
+    elif result == "failed":
+        ctx.report.failed += 1
+    return result

@@ -1,0 +1,205 @@
+"""Pool processes that die under a live worker: the OOM killer's usual victim.
+
+When a prefork child is killed, the worker's main process sees it and Celery
+(``celery/worker/request.py``, ``Request.on_failure``) does one of three things:
+
+- by default it stores FAILURE (``WorkerLostError``) and sends ``task_failure``
+  from the main process, but never calls the task's ``on_failure``.  The try is
+  recorded failed at once, with a callback row (the outbox) that runs
+  ``on_failure`` and the failure listeners once, from the sweep;
+- with ``task_retry_on_worker_lost`` it retries the task itself and calls
+  ``on_retry``.  The try is recorded ``up_for_retry``, and the failure
+  listeners hear of it from the outbox;
+- with ``acks_late`` and ``task_reject_on_worker_lost`` it requeues the message,
+  with nothing to count how often: a task that kills its own process would run
+  for ever.  Every ``acks_late`` try is therefore claimed durably before its
+  body runs, and a claim that finds its try still ``running`` counts one death
+  (see :meth:`~celery_recovery.store.Store.claim_counting_deaths`).  Once the
+  runs allowed are used up (``max_retries + 1`` in all, each death counting as a
+  retry; ``recovery_max_lost_runs`` for ``max_retries=None``), the try is failed:
+  FAILURE in the result backend, ``on_failure`` from the outbox, and the message
+  acknowledged so it stops coming back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from billiard.exceptions import WorkerLostError
+
+from .errors import StoreError
+from .execution import drop_delivery
+from .messages import encode_json, try_number_of
+from .states import TaskState
+from .store import OutboxedTransition, Transition
+from .sweeps.callbacks import BACKEND, SIGNAL
+from .timeutils import utcnow
+
+if TYPE_CHECKING:
+    from .recovery import Recovery
+
+logger = logging.getLogger("celery_recovery.worker_lost")
+
+#: Where Celery leaves the try of a killed pool process: claimed, or not yet.
+_UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)
+
+_refused = threading.local()
+
+
+def record_lost_process(
+    recovery: Recovery, task: Any, exception: BaseException, args: Any, kwargs: Any
+) -> None:
+    """In the worker's main process, at Celery's ``task_failure`` for a killed pool process."""
+    error = f"{type(exception).__name__}: {exception}"
+    reason = f"its pool process died ({error})"
+    now = utcnow()
+    change = _ending(
+        task, _UNFINISHED, TaskState.FAILED, f"{reason}; failed by the worker's main process", now
+    )
+    change.values["error"] = error
+    # Celery stored the outcome (as the result settings say) and sent the signal.
+    callback = _callback_row(task, "failure", reason, args, kwargs, [BACKEND, SIGNAL], now)
+    recovery.runtime.write("outboxed", OutboxedTransition(change, callback))
+
+
+def record_lost_retry(recovery: Recovery, task: Any, reason: Any) -> None:
+    """In the worker's main process, at ``task_retry`` sent by ``task_retry_on_worker_lost``."""
+    request = task.request
+    now = utcnow()
+    change = _ending(
+        task,
+        _UNFINISHED,
+        TaskState.UP_FOR_RETRY,
+        f"its pool process died; retried by Celery: {reason}",
+        now,
+    )
+    # Celery already published the next try and called on_retry: the listeners remain.
+    text = f"its pool process died ({reason})"
+    callback = _callback_row(task, "retry", text, request.args, request.kwargs, ["on_retry"], now)
+    recovery.runtime.write("outboxed", OutboxedTransition(change, callback))
+
+
+def is_lost_process_retry(reason: Any) -> bool:
+    return isinstance(getattr(reason, "exc", None), WorkerLostError)
+
+
+def runs_allowed(max_retries: int | None, retries: int, unbounded_cap: int) -> int:
+    """Runs a try may have when each run that dies counts as one of the task's retries."""
+    if max_retries is None:
+        return unbounded_cap
+    return max(1, max_retries + 1 - retries)
+
+
+def claim_counting_deaths(recovery: Recovery, task: Any, record: dict[str, Any]) -> bool:
+    """In the pool process, before an ``acks_late`` body runs: claim the try durably.
+
+    True when the try already used up its runs: it is failed instead, and the
+    body is skipped (the message is acknowledged).
+    """
+    runtime = recovery.runtime
+    if not runtime.health.available():
+        runtime.record_start(record)  # the store is down: availability over counting
+        return False
+    try:
+        deaths = recovery.store.claim_counting_deaths(record)
+    except StoreError as exc:
+        runtime.health.record_failure(exc, f"claiming {record['task_id']}")
+        runtime.record_start(record)
+        return False
+    runtime.health.record_success()
+    request = task.request
+    allowed = runs_allowed(
+        task.max_retries, int(request.retries or 0), recovery.settings.max_lost_runs
+    )
+    if deaths is None or deaths < allowed:
+        return False
+    limit = (
+        f"recovery_max_lost_runs ({allowed}) for max_retries=None"
+        if task.max_retries is None
+        else f"max_retries ({task.max_retries}) exceeded"
+    )
+    reason = f"its process died in each of its {deaths} runs; not run again: {limit}"
+    if not _fail(recovery, task, reason):
+        return False
+    logger.error(
+        "celery-recovery: task %s[%s] try %d failed: %s",
+        task.name,
+        request.id,
+        record["try_number"],
+        reason,
+    )
+    drop_delivery(request.id)
+    return True
+
+
+def _fail(recovery: Recovery, task: Any, reason: str) -> bool:
+    request = task.request
+    exc = WorkerLostError(reason)
+    now = utcnow()
+    change = _ending(task, (TaskState.RUNNING,), TaskState.FAILED, reason, now)
+    change.values["error"] = f"WorkerLostError: {reason}"
+    callback = _callback_row(task, "failure", reason, request.args, request.kwargs, [BACKEND], now)
+    try:
+        won = recovery.store.apply_outboxed([OutboxedTransition(change, callback)]) == 1
+    except StoreError as exc_:
+        recovery.runtime.health.record_failure(exc_, f"failing {request.id}")
+        return False
+    if won:
+        # Stored at task_postrun: Celery stores STARTED (task_track_started) after task_prerun.
+        _refused.failure = (request.id, exc)
+    return True
+
+
+def store_refused_failure(task: Any, task_id: str) -> None:
+    """At ``task_postrun`` of a try failed instead of run: FAILURE in the result backend."""
+    failure = getattr(_refused, "failure", None)
+    if failure is None or failure[0] != task_id:
+        return
+    _refused.failure = None
+    request = task.request
+    ignored = getattr(request, "ignore_result", False) or task.ignore_result
+    # As Celery stores a failure (errbacks and chord counting included).
+    task.backend.mark_as_failure(
+        task_id,
+        failure[1],
+        request=request,
+        store_result=not ignored or task.store_errors_even_if_ignored,
+    )
+
+
+def _ending(
+    task: Any, expected: tuple[TaskState, ...], state: TaskState, reason: str, now: Any
+) -> Transition:
+    """The compare-and-set that ends the current try of ``task``'s request."""
+    request = task.request
+    values = {"state": state, "state_reason": reason, "ended_at": now, "updated_at": now}
+    return Transition(request.id, try_number_of(request), expected, values)
+
+
+def _callback_row(
+    task: Any, kind: str, reason: str, args: Any, kwargs: Any, done: list[str], now: Any
+) -> dict[str, Any]:
+    request = task.request
+    return {
+        "task_id": request.id,
+        "try_number": try_number_of(request),
+        "kind": kind,
+        "payload": {
+            "task_name": task.name,
+            "reason": reason,
+            "exception": WorkerLostError.__name__,
+            "args": _json_or(list(args or ()), []),
+            "kwargs": _json_or(dict(kwargs or {}), {}),
+            "hostname": getattr(request, "hostname", None),
+            "done": done,
+        },
+        "created_at": now,
+    }
+
+
+def _json_or(value: Any, empty: Any) -> Any:
+    """``value`` when the store can keep it as JSON, else ``empty`` (never the whole row lost)."""
+    encoded, _ = encode_json(value)
+    return value if encoded is not None else empty

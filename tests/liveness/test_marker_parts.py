@@ -1,0 +1,113 @@
+"""The parts of liveness markers, against real processes and real stores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from celery_recovery.liveness import Verdict
+from celery_recovery.liveness.postgres import MarkerHolder
+from celery_recovery.liveness.process import check_process, process_marker
+from celery_recovery.timeutils import utcnow
+from tests.cli.helpers import add_job
+from tests.services import PG_ADMIN_URL
+from tests.sweeps.helpers import run_concurrently
+from tests.workers import wait_for
+
+
+def test_process_marker_tells_a_live_process_from_a_dead_one():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        marker = process_marker(child.pid)
+        assert marker is not None
+        assert check_process(marker, child.pid) == Verdict.PRESENT
+        assert check_process(process_marker(), child.pid) == Verdict.GONE, "another process"
+    finally:
+        child.kill()
+        child.wait()
+    assert check_process(marker, child.pid) == Verdict.GONE
+
+
+def test_process_marker_from_another_host_or_namespace_is_unknown():
+    _, _, ticks = process_marker().rpartition("/")
+    assert check_process(f"other-boot/pid:[1]/{ticks}", os.getpid()) == Verdict.UNKNOWN
+    assert check_process(None, os.getpid()) == Verdict.UNKNOWN
+
+
+def test_store_notes_a_missing_marker_once_and_fails_a_job_only_if_still_silent(store):
+    job_id = add_job(store, "worker", heartbeat_age=10)
+    heartbeat = store.get_job(job_id)["latest_heartbeat"]
+    now = utcnow()
+    assert run_concurrently(lambda: store.note_marker_missing(job_id, now)).count(True) == 1
+    assert store.get_job(job_id)["marker_missing_since"] is not None
+    assert store.note_marker_present(job_id) and not store.note_marker_present(job_id)
+
+    store.heartbeat(job_id, now)  # it beat after the sweep read it: not silent any more
+    assert not store.fail_job_if_silent(job_id, heartbeat, now)
+    beat = store.get_job(job_id)["latest_heartbeat"]
+    # Two sweeps judging at once: one fails the job, the other loses the race.
+    results = run_concurrently(lambda: store.fail_job_if_silent(job_id, beat, now + timedelta(1)))
+    assert sorted(results) == [False, True]
+    assert store.get_job(job_id)["state"] == "failed"
+
+
+def test_held_locks_are_read_from_the_store_database(store):
+    if store.dialect != "postgresql":
+        assert store.held_marker_locks() == set()
+        return
+    holder = MarkerHolder(store.url, 0.5, "test")
+    assert holder.acquire()
+    holder.start()
+    try:
+        assert holder.key in store.held_marker_locks()
+    finally:
+        holder.stop()
+    wait_for(lambda: holder.key not in store.held_marker_locks(), 5, what="release")
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_forked_child_that_exits_leaves_the_parents_lock_held(store):
+    holder = MarkerHolder(store.url, 0.5, "fork-test")
+    assert holder.acquire()
+    holder.start()
+    try:
+        session = holder.session_pid
+        pid = os.fork()
+        if pid == 0:  # the child: forget the inherited connection, then exit normally
+            holder.forget_in_child()
+            import gc
+
+            del holder
+            gc.collect()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.3)  # a goodbye on the shared socket would have ended the session
+        assert holder.session_pid == session, "the parent's session was never interrupted"
+        assert holder.held and holder.key in store.held_marker_locks()
+    finally:
+        holder.stop()
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_terminated_marker_session_is_taken_again_at_once(store):
+    holder = MarkerHolder(store.url, 5.0, "terminate-test")
+    assert holder.acquire()
+    holder.start()
+    try:
+        with psycopg.connect(PG_ADMIN_URL.replace("+psycopg", ""), autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'celery-recovery marker terminate-test'"
+            )
+        started = time.monotonic()
+        wait_for(lambda: not holder.held or time.monotonic() - started > 1, 2)
+        # Back well within one interval (5 s): the holder watches its socket.
+        wait_for(lambda: holder.held and holder.key in store.held_marker_locks(), 2)
+    finally:
+        holder.stop()

@@ -1,0 +1,124 @@
+"""Reservations in the store: which dead job's queued tries the reserved sweep may publish."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import select
+
+from celery_recovery import JobState, JobType
+from celery_recovery.store.schema import reservations
+from celery_recovery.timeutils import utcnow
+
+THRESHOLD = 3.0
+
+
+def add_job(store, job_id: str, heartbeat_age: float, state: JobState = JobState.RUNNING) -> None:
+    beat = utcnow() - timedelta(seconds=heartbeat_age)
+    store.add_job(
+        {
+            "id": job_id,
+            "job_type": JobType.WORKER,
+            "hostname": "h",
+            "node_name": "w@h",
+            "pid": 1,
+            "state": state,
+            "start_date": beat,
+            "latest_heartbeat": beat,
+        }
+    )
+
+
+def queue_try(store, task_id: str, try_number: int = 1) -> None:
+    now = utcnow()
+    store.record_queued(
+        [
+            {
+                "task_id": task_id,
+                "try_number": try_number,
+                "task_name": "lifecycle.add",
+                "state": "queued",
+                "queued_at": now,
+                "updated_at": now,
+            }
+        ]
+    )
+
+
+def found(store) -> set[str]:
+    return {r["task_id"] for r in store.find_reserved_by_dead_jobs(utcnow(), THRESHOLD)}
+
+
+def test_only_unstarted_tries_of_dead_jobs_are_found(store):
+    add_job(store, "live", 0.0)
+    add_job(store, "stale", 10.0)
+    add_job(store, "failed", 0.0, JobState.FAILED)
+    add_job(store, "ended", 10.0, JobState.SUCCESS)  # a warm shutdown hands messages back
+    for task_id in ("on-live", "on-stale", "on-failed", "on-ended", "started", "unpublished"):
+        if task_id != "unpublished":
+            queue_try(store, task_id)
+    now = utcnow()
+    store.apply_writes(
+        [
+            ("reserved", ("on-live", 1, "live", now)),
+            ("reserved", ("on-stale", 1, "stale", now - timedelta(seconds=10))),
+            ("reserved", ("on-failed", 1, "failed", now)),
+            ("reserved", ("on-ended", 1, "ended", now - timedelta(seconds=10))),
+            ("reserved", ("started", 1, "stale", now - timedelta(seconds=10))),
+            ("reserved", ("unpublished", 1, "stale", now - timedelta(seconds=10))),
+        ]
+    )
+    store.mark_running(
+        {
+            "task_id": "started",
+            "try_number": 1,
+            "task_name": "lifecycle.add",
+            "state": "running",
+            "updated_at": now,
+        }
+    )
+    assert found(store) == {"on-stale", "on-failed"}
+
+
+def test_a_redelivery_moves_the_reservation_to_the_live_job(store):
+    add_job(store, "dead", 10.0)
+    add_job(store, "live", 0.0)
+    queue_try(store, "t1")
+    now = utcnow()
+    store.apply_writes([("reserved", ("t1", 1, "dead", now - timedelta(seconds=10)))])
+    assert found(store) == {"t1"}
+    store.apply_writes([("reserved", ("t1", 1, "live", now))])
+    assert found(store) == set()
+
+
+def test_receptions_after_the_job_could_be_judged_dead_are_not_its_own(store):
+    # Judged dead while paused, the process takes messages before it notices and
+    # carries on as a new job: those it keeps and runs itself.
+    add_job(store, "paused", 0.0, JobState.FAILED)
+    queue_try(store, "before")
+    queue_try(store, "after")
+    now = utcnow()
+    store.apply_writes(
+        [
+            ("reserved", ("before", 1, "paused", now)),
+            ("reserved", ("after", 1, "paused", now + timedelta(seconds=THRESHOLD + 1))),
+        ]
+    )
+    assert found(store) == {"before"}
+
+
+def test_a_reservation_superseded_by_the_same_batchs_claim_is_not_written(store):
+    queue_try(store, "t1")
+    now = utcnow()
+    claim = {
+        "task_id": "t1",
+        "try_number": 1,
+        "task_name": "lifecycle.add",
+        "state": "running",
+        "job_id": "solo",
+        "updated_at": now,
+    }
+    store.apply_writes([("reserved", ("t1", 1, "solo", now)), ("running", claim)])
+    with store.transaction() as conn:
+        assert conn.execute(select(reservations)).all() == []
+    assert store.tries("t1")[0]["state"] == "running"
