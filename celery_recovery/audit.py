@@ -34,6 +34,8 @@ class AuditAction(StrEnum):
     ADOPTED = "adopted"
     #: Given the outcome the result backend reports, without running again.
     RECONCILED = "reconciled"
+    #: Ended ``revoked`` instead of published again (revoked, expired or purged).
+    REVOKED = "revoked"
     #: A delivery of a try that was superseded, finished or running elsewhere: not run.
     DROPPED = "dropped"
     #: ``on_failure``/``on_retry`` and listeners ran from the outbox.
@@ -61,6 +63,8 @@ class AuditReason(StrEnum):
     MESSAGE_LOST = "message_lost"
     #: Received (prefetched, or held for its ETA) by a worker that died before starting it.
     RESERVED_BY_DEAD_WORKER = "reserved_by_dead_worker"
+    #: The task was revoked (by id or stamp), expired, or its queue was purged.
+    REVOKED = "revoked"
     #: The broker delivered a try that no longer needs running.
     STALE_DELIVERY = "stale_delivery"
     #: A try failed by a sweep owes its ``on_failure`` / ``on_retry``.

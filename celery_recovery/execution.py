@@ -171,6 +171,8 @@ def _stale_because(view: dict[str, Any], try_number: int, fresh: float) -> str |
     state = view["state"]
     if view["latest"] > try_number:
         return f"superseded by try {view['latest']}"
+    if state == TaskState.REVOKED and view.get("recovered_at") is not None:
+        return None  # a sweep's presumption from a revoke or purge: the delivery proves it wrong
     if state in FINISHED_TASK_STATES:
         return f"the try is already {state}"
     if state == TaskState.DEFERRED:

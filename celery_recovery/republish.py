@@ -81,6 +81,13 @@ def republish(app: Celery, record: dict[str, Any], try_number: int) -> Any:
     elif record.get("exchange") is not None and record.get("routing_key"):
         options["exchange"] = record["exchange"]
         options["routing_key"] = record["routing_key"]
+    # Stamps travel as options named after their headers, as Celery's canvas sends them,
+    # so a revoke by stamped header still reaches the message published again.
+    stamped = [str(h) for h in headers.get("stamped_headers") or ()]
+    if stamped:
+        stamps = headers.get("stamps") or {}
+        options.update({h: stamps.get(h) for h in stamped if h not in options})
+        options["stamped_headers"] = stamped
     options = {k: v for k, v in options.items() if v is not None}
     return app.send_task(
         record["task_name"],

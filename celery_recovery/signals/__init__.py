@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from . import processes, publish, reservations, tasks
+from . import control, processes, publish, reservations, tasks
 
 _connected = False
 _lock = threading.Lock()
@@ -23,6 +23,7 @@ def connect() -> None:
         publish.connect()
         tasks.connect()
         processes.connect()
+        control.connect()
         reservations.connect()
         _connected = True
 

@@ -145,7 +145,11 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
 
 @never_raises
 def on_postrun(
-    task_id: str | None = None, task: Any = None, state: str | None = None, **_: Any
+    task_id: str | None = None,
+    task: Any = None,
+    state: str | None = None,
+    retval: Any = None,
+    **_: Any,
 ) -> None:
     recovery = _recovery_of(task)
     if recovery is None or task_id is None:
@@ -156,6 +160,9 @@ def on_postrun(
     if was_deferred(task_id) or was_postponed(task_id):
         _started_at().pop(task_id, None)
         return  # the try was already moved to deferred, or back to queued
+    if state == celery_states.REJECTED and getattr(retval, "requeue", False):
+        _requeued(recovery, task, task_id)
+        return
     new, reason = _OUTCOMES.get(
         state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
     )
@@ -177,6 +184,32 @@ def on_postrun(
         # Long enough to have been declared dead meanwhile (a pause, a partition): if a
         # sweep recovered this try, keep what it finally did beside the recovery.
         recovery.runtime.write("late", (task_id, try_number, new.value, now))
+
+
+def _requeued(recovery: Any, task: Any, task_id: str) -> None:
+    """``Reject(requeue=True)``: the message is back in the queue, so is the try.
+
+    Its redelivery then claims it as usual; recording it finished would make that
+    redelivery look stale and be dropped.
+    """
+    _started_at().pop(task_id, None)
+    _take_aside(task_id)
+    now = utcnow()
+    recovery.runtime.write(
+        "transition",
+        Transition(
+            task_id,
+            try_number_of(task.request),
+            (TaskState.RUNNING,),
+            {
+                "state": TaskState.QUEUED,
+                "job_id": None,
+                "queued_at": now,
+                "updated_at": now,
+                "state_reason": "rejected with requeue=True: back in the queue",
+            },
+        ),
+    )
 
 
 @never_raises

@@ -26,6 +26,7 @@ from .schema import (
     jobs,
     leases,
     reservations,
+    revocations,
     same_try,
     task_records,
     triggers,
@@ -38,6 +39,7 @@ RETENTION_TABLES = (
     "reservations",
     "task_records",
     "jobs",
+    "revocations",
     "claims",
     "audit_log",
 )
@@ -80,6 +82,9 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
         # A row a sweep is delivering right now (claim not expired) is left alone.
         unclaimed = or_(callbacks.c.claimed_until.is_(None), callbacks.c.claimed_until < now)
         return callbacks, (callbacks.c.id,), (callbacks.c.created_at < cutoff, unclaimed)
+    if name == "revocations":
+        # Only overdue queued tries consult them, and those are decided long before.
+        return revocations, (revocations.c.id,), (revocations.c.created_at < cutoff,)
     if name == "claims":
         # Publish-once claims (rows of the leases table): done ones, and ones whose
         # holder died and that nobody took over, before the cutoff.

@@ -293,3 +293,17 @@ audit_log = Table(
     Index("ix_audit_log_at", "at"),
     Index("ix_audit_log_task", "task_id", "try_number"),
 )
+
+revocations = Table(
+    "revocations",
+    metadata,
+    Column("id", BigId, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False, comment="task, stamp or purge"),
+    Column("task_id", String(255), comment="The revoked task id (kind task)"),
+    Column("header", String(255), comment="The stamped header name (kind stamp)"),
+    Column("value", MessageJSON, comment="The revoked stamp values (kind stamp)"),
+    Column("queue", String(255), comment="The purged queue (kind purge)"),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index("ix_revocations_task_id", "task_id"),
+    Index("ix_revocations_created_at", "created_at"),
+)

@@ -33,6 +33,7 @@ from .liveness_ops import LivenessOperations
 from .migrate import ensure_schema
 from .reservation_ops import ReservationOperations
 from .retention_ops import RetentionOperations
+from .revocation_ops import RevocationOperations
 from .schema import audit_log, callbacks, jobs, task_records
 from .sweep_ops import SweepOperations
 from .trigger_ops import TriggerOperations
@@ -108,6 +109,7 @@ class Store(
     TriggerOperations,
     InspectOperations,
     RetentionOperations,
+    RevocationOperations,
     ClaimOperations,
     ReservationOperations,
     LivenessOperations,
@@ -414,7 +416,15 @@ class Store(
         return insert.on_conflict_do_update(
             index_elements=["task_id", "try_number"],
             set_=claim,
-            where=or_(*(task_records.c.state == str(s) for s in CLAIMABLE_FOR_RUN)),
+            where=or_(
+                *(task_records.c.state == str(s) for s in CLAIMABLE_FOR_RUN),
+                # Revoked by a sweep from what a publisher recorded (a revoke, an expiry,
+                # a purge), yet delivered: the worker runs it, so the record follows.
+                and_(
+                    task_records.c.state == TaskState.REVOKED.value,
+                    task_records.c.recovered_at.is_not(None),
+                ),
+            ),
         )
 
     def _record_late_outcomes(self, conn: Connection, items: Sequence[tuple]) -> None:

@@ -272,6 +272,7 @@ class SweepOperations:
             select(
                 task_records.c.state,
                 task_records.c.job_id,
+                task_records.c.recovered_at,
                 jobs.c.latest_heartbeat.label("job_heartbeat"),
                 jobs.c.state.label("job_state"),
                 jobs.c.hostname.label("job_hostname"),
@@ -289,6 +290,7 @@ class SweepOperations:
                     "state": None,
                     "latest": int(found or 0),
                     "job_id": None,
+                    "recovered_at": None,
                     "job_heartbeat": None,
                     "job_state": None,
                     "job_hostname": None,

@@ -34,6 +34,8 @@ class SweepReport:
     reconciled: int = 0
     lost_messages: int = 0
     lost_republished: int = 0
+    #: Overdue queued tries ended ``revoked`` (revoked, expired or purged) instead.
+    revoked: int = 0
     dead_jobs: int = 0
     #: Of the dead jobs, those found by their liveness markers before the threshold.
     marker_deaths: int = 0

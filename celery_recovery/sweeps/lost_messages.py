@@ -1,8 +1,10 @@
 """Lost messages: queued tries no worker started within ``recovery_queued_timeout``.
 
 A message can vanish between publisher and worker (a broker restart without
-persistence, a purge, a transport that keeps unacknowledged messages only in
-a worker's memory, a worker SIGKILLed holding prefetched messages).  Only our
+persistence, a purge made outside Celery, a transport that keeps
+unacknowledged messages only in a worker's memory, a worker SIGKILLed holding
+prefetched messages).  A try that was revoked, expired or purged through a
+Recovery app ends ``revoked`` instead (:mod:`celery_recovery.revocations`).  Only our
 publish-time record can tell "still queued" from "lost": the result backend
 reads ``PENDING`` for both.  For a later try the backend still shows what the
 earlier try left there (``RETRY``, or ``STARTED`` by a process now dead), or
@@ -14,8 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import states
+
 from .. import metrics, sentry
+from ..audit import AuditAction, AuditReason
 from ..probe import UNKNOWN, Probe, never_started, probe_many
+from ..revocations import revoked_because
 from ..states import TaskState
 from .context import SweepContext
 from .resets import reset, take_backend_outcome
@@ -27,12 +33,20 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
     if not lost:
         return
     live = ctx.live_workers()
+    revocations: list[dict[str, Any]] | None = None
+    with ctx.isolated("reading revocations"):
+        revocations = ctx.recovery.store.revocations_for(
+            [r["task_id"] for r in lost], min(r["queued_at"] for r in lost)
+        )
+    if revocations is None:
+        return  # without them a revoked or purged task could be published again
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
         seen = probe_many(ctx.recovery.app, [r["task_id"] for r in lost])
     for record in lost:
         with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
-            action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)), live)
+            probe = seen.get(record["task_id"], Probe(UNKNOWN))
+            action = _handle(ctx, record, probe, live, revocations)
             if action in metrics.definitions.ACTIONS:
                 metrics.sweep_action("lost_message", action)
                 if action != "reconciled":  # a reconciled one ran: its message was not lost
@@ -40,7 +54,11 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
 
 
 def _handle(
-    ctx: SweepContext, record: dict[str, Any], seen: Probe, live: dict[tuple[Any, Any], Any]
+    ctx: SweepContext,
+    record: dict[str, Any],
+    seen: Probe,
+    live: dict[tuple[Any, Any], Any],
+    revocations: list[dict[str, Any]],
 ) -> str | None:
     """Decide on one overdue queued try; returns what was done or None."""
     if seen.state == UNKNOWN:
@@ -49,8 +67,13 @@ def _handle(
     taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded")
     if taken is not None:
         return taken
+    if seen.state == states.REVOKED:
+        return _revoke(ctx, record, "the result backend reports REVOKED")
     if not never_started(seen, live):
         return None  # started in a live worker: its own signals will catch up
+    why = revoked_because(record, revocations, ctx.now)
+    if why is not None:
+        return _revoke(ctx, record, why)
     ctx.report.lost_messages += 1
     waited = int(ctx.recovery.settings.queued_timeout)
     since = _counted_from(record)
@@ -68,6 +91,29 @@ def _handle(
     elif result == "failed":
         ctx.report.failed += 1
     return result
+
+
+def _revoke(ctx: SweepContext, record: dict[str, Any], why: str) -> str:
+    """Give an overdue queued try the end its revoke, expiry or purge meant (compare-and-set).
+
+    A delivery that still comes may claim it from there and run (see
+    :mod:`celery_recovery.revocations`).
+    """
+    reason = f"not published again: {why}"
+    if ctx.recovery.store.reconcile_try(
+        record["task_id"],
+        record["try_number"],
+        TaskState.QUEUED,
+        record.get("job_id"),
+        TaskState.REVOKED,
+        reason,
+        ctx.now,
+        audit=ctx.decision(AuditAction.REVOKED, AuditReason.REVOKED, record, reason),
+    ):
+        ctx.report.revoked += 1
+        return "revoked"
+    ctx.report.races_lost += 1
+    return "lost race"
 
 
 def _counted_from(record: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Reject
 
 from celery_recovery import (
     Recovery,
@@ -261,6 +262,13 @@ def _register_tasks(app: Celery) -> None:
     @app.task(shared=False, name="lifecycle.describe", serializer="pickle")
     def describe(value):
         return repr(value)
+
+    @app.task(shared=False, name="lifecycle.reject_once", bind=True, acks_late=True)
+    def reject_once(self):
+        """Sends its message back to the queue on the first delivery (Celery's own test)."""
+        if not self.request.delivery_info.get("redelivered"):
+            raise Reject(requeue=True)
+        return "second delivery"
 
 
 if os.environ.get("RECOVERY_TEST_HOSTNAME"):

@@ -108,6 +108,15 @@ def history(store):
         ]
     )
     callbacks_keep = {add_callback(store, recent), add_callback(store, old, claimed_for=60)}
+    # Revocations: only overdue queued tries consult them, long decided after 30 days.
+    long_ago, lately = utcnow() - timedelta(seconds=old), utcnow() - timedelta(seconds=recent)
+    store.record_revocations(
+        [
+            {"kind": "task", "task_id": "revoked-long-ago", "created_at": long_ago},
+            {"kind": "purge", "queue": "q", "created_at": long_ago},
+            {"kind": "task", "task_id": "revoked-lately", "created_at": lately},
+        ]
+    )
     callbacks_gone = {add_callback(store, old), add_callback(store, old, claimed_for=-60)}
     audit_keep = {add_decision(store, recent)}
     audit_gone = {add_decision(store, old), add_decision(store, old + DAY)}
@@ -128,7 +137,8 @@ def test_clean_deletes_old_finished_rows_and_keeps_every_active_one(store, histo
     result = run(store.url, "db", "clean", "--before", "30d", "--yes", "--batch-size", "2")
     assert result.exit_code == 0, result.output
     counts = (
-        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, claims 0, audit_log 2"
+        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, revocations 2, "
+        "claims 0, audit_log 2"
     )
     assert f"deleted: {counts}" in result.output
     assert ids(store, audit_log, audit_log.c.id) == history["audit_keep"]
@@ -144,7 +154,8 @@ def test_dry_run_only_counts(store, history):
     result = run(store.url, "db", "clean", "--before", "30d", "--dry-run")
     assert result.exit_code == 0
     counts = (
-        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, claims 0, audit_log 2"
+        "callbacks 2, triggers 2, reservations 1, task_records 4, jobs 2, revocations 2, "
+        "claims 0, audit_log 2"
     )
     assert counts in result.output
     assert "dry run: nothing deleted" in result.output
@@ -158,7 +169,7 @@ def test_clean_asks_before_deleting(store, history):
     assert refused.exit_code == 1 and "aborted: nothing deleted" in refused.output
     assert ids(store, callbacks, callbacks.c.id) >= history["callbacks_gone"]
     agreed = run(store.url, "db", "clean", "--before", "30d", input="y\n")
-    assert agreed.exit_code == 0 and "Delete these 13 rows?" in agreed.output
+    assert agreed.exit_code == 0 and "Delete these 15 rows?" in agreed.output
     assert ids(store, callbacks, callbacks.c.id) == history["callbacks_keep"]
 
 
@@ -214,6 +225,7 @@ def test_beat_task_runs_the_same_retention(store, history):
         "reservations": 1,
         "task_records": 4,
         "jobs": 2,
+        "revocations": 2,
         "claims": 0,
         "audit_log": 2,
     }

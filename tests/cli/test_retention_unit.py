@@ -54,6 +54,7 @@ def test_tables_default_to_all_in_purge_order_and_unknown_ones_are_named():
         "reservations",
         "task_records",
         "jobs",
+        "revocations",
         "claims",
         "audit_log",
     )

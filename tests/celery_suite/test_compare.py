@@ -1,0 +1,55 @@
+"""Celery's own integration tests pass with ``Recovery(app)`` installed (a subset, for CI).
+
+The whole comparison is ``python -m tests.celery_suite.compare`` (docs/compatibility.md).
+This runs the tests closest to what Recovery touches (publishing, retries, rejects,
+revokes, expiry, stamps, canvas ids) with and without Recovery, and fails when one
+passes without it and not with it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.celery_suite.compare import compare
+from tests.services import REDIS_URL, require
+
+pytestmark = pytest.mark.slow
+
+#: Redis database Celery's suite uses as broker and result backend (flushed by each run).
+SUITE_REDIS_DB = int(os.environ.get("RECOVERY_TEST_CELERY_SUITE_DB", "15"))
+
+CI_SELECTION = [
+    f"t/integration/{test}"
+    for test in (
+        "test_tasks.py::test_tasks::test_basic_task",
+        "test_tasks.py::test_tasks::test_reject_with_requeue_redelivers_and_succeeds",
+        "test_tasks.py::test_tasks::test_reject_without_requeue_stores_failure",
+        "test_tasks.py::test_tasks::test_revoked_by_headers_simple_canvas",
+        "test_tasks.py::test_tasks::test_revoke_by_stamped_headers_no_match",
+        "test_tasks.py::test_tasks::test_task_retried_once_with_expires",
+        "test_tasks.py::test_tasks::test_task_retried_headers",
+        "test_tasks.py::test_tasks::test_fail",
+        "test_canvas.py::test_chain::test_simple_chain",
+        "test_canvas.py::test_chain::test_group_results_in_chain",
+        "test_canvas.py::test_group::test_parent_ids",
+        "test_canvas.py::test_chord::test_parent_ids",
+        "test_inspect.py::test_Inspect::test_ping",
+    )
+]
+
+
+def test_celery_integration_subset_passes_with_recovery_installed():
+    require("Redis", REDIS_URL, 6379)
+    cache = Path(os.environ.get("RECOVERY_TEST_CACHE", Path.home() / ".cache" / "celery-recovery"))
+
+    result = compare([], CI_SELECTION, "sqlite", SUITE_REDIS_DB, timeout=140, cache=cache)
+
+    assert not result["without"]["timed_out"] and not result["with"]["timed_out"], result
+    assert result["without"].get("passed", 0) >= len(CI_SELECTION) - 2, result
+    assert result["regressions"] == [], result
+    after = result["with"]["store_after_run"]
+    # Nothing the suite revoked, expired or finished is published again later.
+    assert after["sweep_after_queued_timeout"]["republished"] == 0, after
