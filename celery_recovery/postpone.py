@@ -14,6 +14,7 @@ import threading
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from celery import states
 from celery.exceptions import Ignore
 
 from .errors import StoreError
@@ -49,9 +50,26 @@ def postpone(recovery: Any, task: Any, countdown: float, why: str) -> NoReturn:
         )
     except StoreError as exc:
         runtime.health.record_failure(exc, f"postponing {request.id}")
+    _forget_start(task, request)
     task.signature_from_request(request, countdown=countdown, retries=request.retries).apply_async()
     _postponed.task_id = request.id
     raise Ignore()
+
+
+def _forget_start(task: Any, request: Any) -> None:
+    """Say in the result backend that the try is waiting again, not started.
+
+    With ``task_track_started`` Celery stored STARTED for this delivery, in the
+    name of a live worker: left there, every sweep would take the postponed try
+    for one a live worker runs, and if the worker that later holds the new
+    message dies, nobody would ever publish it again.
+    """
+    if not task.track_started:
+        return
+    try:
+        task.backend.store_result(request.id, None, states.PENDING, request=request)
+    except Exception as exc:  # an unreachable backend must not keep the delivery running
+        logger.warning("celery-recovery: could not reset %s to PENDING: %s", request.id, exc)
 
 
 def was_postponed(task_id: str) -> bool:

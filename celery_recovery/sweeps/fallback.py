@@ -66,7 +66,8 @@ class SweepFallback:
                 return
             if last is None and time.monotonic() - self.started < allowed:
                 return
-        token = store.acquire_lease(LEASE, self.holder, now, ttl=max(allowed, 10.0))
+        # Renewed every interval: a holder that died is replaced once 3 intervals pass.
+        token = store.acquire_lease(LEASE, self.holder, now, ttl=allowed)
         if token is None:
             self._active = False
             return

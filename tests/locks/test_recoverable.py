@@ -114,6 +114,9 @@ def test_redis_unreachable_by_default_does_not_run_then_completes(
     result = client_app.send_task("lifecycle.charge", (str(ledger), order))
     wait_for(lambda: "not run, retried in" in worker.log, 20, what="the refusal to run unguarded")
     assert runs(ledger, order) == []
+    # Waiting again, not started: a STARTED left by this live worker would make the
+    # sweeps take the postponed try for a running one, and never recover its message.
+    wait_for(lambda: result.state == "PENDING", 5, what="the postponed try to read PENDING")
     proxy.start()
     assert result.get(timeout=30)["order"] == order
     assert len(runs(ledger, order)) == 1
