@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
+import sys
 import time
-import uuid
+from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from starlette.testclient import TestClient
 
 from celery_recovery.settings import RecoverySettings
-from celery_recovery.store.engine import create_store_engine
-from celery_recovery.store.migrate import upgrade
 from celery_recovery.web.app import create_app, secured
 
-ADMIN_URL = os.environ.get(
-    "RECOVERY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
+# The scratch database is made the way the tests make theirs.
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
+from tests.services import create_pg_database  # noqa: E402
+
 #: What a page may take with a million tries (the console's promise).
 BUDGET_MS = 200.0
 
@@ -146,15 +145,8 @@ def main() -> None:
     )
     options = parser.parse_args()
 
-    name = f"celery_recovery_bench_console_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    url, drop = create_pg_database("celery_recovery_bench_console")
     try:
-        engine = create_store_engine(url, for_migrations=True)
-        upgrade(engine)
-        engine.dispose()
         started = time.perf_counter()
         populate(url, options.rows)
         populate_seconds = time.perf_counter() - started
@@ -213,9 +205,7 @@ def main() -> None:
         if options.keep:
             print(f"kept {url}")
         else:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+            drop()
 
 
 def _api(path: str) -> str:
