@@ -24,7 +24,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from starlette.testclient import TestClient
 
-from celery_recovery.settings import RecoverySettings
+from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.web.app import create_app, secured
 
 # The scratch database is made the way the tests make theirs.

@@ -110,19 +110,19 @@ def kill_to_completion(
         for i in range(workers)
     ]
     count = workers * concurrency
-    _wait(lambda: len(recovery.store.list_jobs("worker")) >= count, 120)
+    _wait(lambda: len(recovery.store.jobs.list_jobs("worker")) >= count, 120)
     if markers == "lock":
         _erase_process_markers(recovery.store)
     results = [app.send_task("lifecycle.slow_first_try", (TASK_SECONDS, 0.2)) for _ in range(count)]
-    _wait(lambda: len(recovery.store.list_tries(state="running", limit=count)) == count, 120)
+    _wait(lambda: len(recovery.store.tries.list_tries(state="running", limit=count)) == count, 120)
     survivors = [
         start_worker(f"survivor{i}", queue, store_url, preset, concurrency, markers)
         for i in range(2)
     ]
     time.sleep(3)  # survivors up before the kill, as in a real cluster
-    from celery_recovery.timeutils import utcnow
+    from celery_recovery.core.timeutils import utcnow
 
-    early = sum(1 for r in results if len(recovery.store.tries(r.id)) > 1)
+    early = sum(1 for r in results if len(recovery.store.tries.history(r.id)) > 1)
     for proc in doomed:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -177,7 +177,7 @@ def _started_again(recovery, task_id: str, since) -> bool:
     """A try started after the kill: the recovered run (not a false alarm before it)."""
     return any(
         t["try_number"] >= 2 and t["started_at"] is not None and t["started_at"] >= since
-        for t in recovery.store.tries(task_id)
+        for t in recovery.store.tries.history(task_id)
     )
 
 

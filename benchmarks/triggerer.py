@@ -40,9 +40,9 @@ def seed(store_url: str, n: int, start_in: float, window: float) -> float:
     """Write the deferred tries; returns the first due time (epoch seconds)."""
     from sqlalchemy import insert
 
+    from celery_recovery.core.timeutils import utcnow
     from celery_recovery.store import Store
     from celery_recovery.store.schema import task_records, triggers
-    from celery_recovery.timeutils import utcnow
 
     store = Store(store_url)
     now = utcnow()

@@ -6,8 +6,7 @@ Two lines install it::
     recovery = Recovery(app)
 """
 
-from .deferral import DEFERRED_STATE, TaskDeferred, defer
-from .errors import (
+from celery_recovery.core.errors import (
     ConfigurationError,
     DeferralError,
     RecoveryError,
@@ -17,11 +16,12 @@ from .errors import (
     TriggerFailedError,
     TriggerTimeoutError,
 )
-from .recoverable import current_fencing_token, recoverable
-from .recovery import Recovery
-from .settings import RecoverySettings
-from .states import JobState, JobType, TaskState
-from .triggers import (
+from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.core.states import DEFERRED_STATE, JobState, JobType, TaskState
+from celery_recovery.deferral import TaskDeferred, defer
+from celery_recovery.recoverable import current_fencing_token, recoverable
+from celery_recovery.recovery import Recovery
+from celery_recovery.triggers import (
     BaseTrigger,
     DateTimeTrigger,
     TaskFailedEvent,

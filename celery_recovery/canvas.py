@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery.canvas import maybe_signature
 
-from .errors import StoreError
-from .store.claim_ops import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
-from .timeutils import utcnow
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.store import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
 
 if TYPE_CHECKING:
-    from .recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.canvas")
 
@@ -51,14 +51,14 @@ CLAIM_POLL = 0.2
 _WRAPPED = "_celery_recovery_body_once"
 
 
-def install_chord_body_once(recovery: Recovery) -> None:
+def install_chord_body_once(context: RecoveryContext) -> None:
     """Make the app's ``celery.chord_unlock`` publish each chord body at most once."""
-    app = recovery.app
+    app = context.app
 
     def install(*_: Any, **__: Any) -> None:
         task = app.tasks.get(UNLOCK_TASK)
         if task is not None:
-            _wrap_unlock(type(task), recovery)
+            _wrap_unlock(type(task), context)
 
     if app.finalized:
         install()
@@ -75,7 +75,7 @@ def claim_name(unlock_task_id: str) -> str:
     return f"{CLAIM_PREFIX}chord-body:{hashlib.sha256(unlock_task_id.encode()).hexdigest()[:40]}"
 
 
-def _wrap_unlock(cls: type, recovery: Recovery) -> None:
+def _wrap_unlock(cls: type, context: RecoveryContext) -> None:
     if cls.__dict__.get(_WRAPPED):
         return
     original = cls.run
@@ -83,20 +83,20 @@ def _wrap_unlock(cls: type, recovery: Recovery) -> None:
     def run(self: Any, group_id: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
         body = maybe_signature(callback, app=self.app)
         if body is not None and self.request.id and not self.request.is_eager:
-            _publish_once(recovery, body, claim_name(self.request.id))
+            _publish_once(context, body, claim_name(self.request.id))
         return original(self, group_id, body, *args, **kwargs)
 
     cls.run = run  # type: ignore[attr-defined]
     setattr(cls, _WRAPPED, True)
 
 
-def _publish_once(recovery: Recovery, body: Any, name: str) -> None:
+def _publish_once(context: RecoveryContext, body: Any, name: str) -> None:
     """Replace ``body.delay`` (what chord_unlock publishes with) by a claimed publish."""
     publish = body.delay
 
     def delay(*args: Any, **kwargs: Any) -> Any:
         holder = uuid.uuid4().hex
-        claim = _claim(recovery, name, holder)
+        claim = _claim(context, name, holder)
         if claim is Claim.DONE:
             logger.warning(
                 "celery-recovery: chord body %s[%s] already published (%s); not again",
@@ -109,25 +109,27 @@ def _publish_once(recovery: Recovery, body: Any, name: str) -> None:
             result = publish(*args, **kwargs)
         except BaseException:
             if claim is Claim.WON:
-                _quietly(recovery, "releasing", lambda: recovery.store.release_claim(name, holder))
+                _quietly(
+                    context, "releasing", lambda: context.store.claims.release_claim(name, holder)
+                )
             raise
         if claim is Claim.WON:
-            done = lambda: recovery.store.complete_claim(name, holder, utcnow())  # noqa: E731
-            _quietly(recovery, "completing", done)
+            done = lambda: context.store.claims.complete_claim(name, holder, utcnow())  # noqa: E731
+            _quietly(context, "completing", done)
         return result
 
     body.delay = delay
 
 
-def _claim(recovery: Recovery, name: str, holder: str) -> Claim | None:
+def _claim(context: RecoveryContext, name: str, holder: str) -> Claim | None:
     """WON or DONE, after waiting out another holder; None when the store cannot tell."""
     deadline = time.monotonic() + CLAIM_TTL + 5 * CLAIM_POLL
     while True:
         try:
-            claim = recovery.store.claim_once(name, holder, utcnow(), CLAIM_TTL)
+            claim = context.store.claims.claim_once(name, holder, utcnow(), CLAIM_TTL)
         except StoreError as exc:
             # Availability over certainty: a store outage must not stall the chord.
-            recovery.runtime.health.record_failure(exc, f"claiming the publish of {name}")
+            context.runtime.health.record_failure(exc, f"claiming the publish of {name}")
             return None
         if claim is not Claim.HELD:
             return claim
@@ -136,8 +138,8 @@ def _claim(recovery: Recovery, name: str, holder: str) -> Claim | None:
         time.sleep(CLAIM_POLL)
 
 
-def _quietly(recovery: Recovery, what: str, call: Any) -> None:
+def _quietly(context: RecoveryContext, what: str, call: Any) -> None:
     try:
         call()
     except StoreError as exc:
-        recovery.runtime.health.record_failure(exc, f"{what} a chord body claim")
+        context.runtime.health.record_failure(exc, f"{what} a chord body claim")

@@ -23,21 +23,20 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery import current_task
 from celery.exceptions import Ignore
 
-from .errors import DeferralError, StoreError
-from .messages import record_from_request, try_number_of
-from .timeutils import utcnow
-from .triggers.base import BaseTrigger
-from .triggers.loading import allowed_prefixes, check_json, serialize_trigger
+from celery_recovery.core.errors import DeferralError, StoreError
+from celery_recovery.core.states import DEFERRED_STATE
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.messages import record_from_request, try_number_of
+from celery_recovery.triggers.base import BaseTrigger
+from celery_recovery.triggers.loading import allowed_prefixes, check_json, serialize_trigger
 
 if TYPE_CHECKING:
-    from .recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.deferral")
 
 #: Message header of a resumed try: the method, its kwargs and the event.
 RESUME_HEADER = "recovery_resume"
-#: Result-backend state of a task waiting for its trigger.
-DEFERRED_STATE = "DEFERRED"
 #: Seconds before a task that could not defer (store unavailable) runs again.
 STORE_RETRY_COUNTDOWN = 10
 
@@ -79,20 +78,20 @@ def defer(
     again with ``self.request.trigger_event`` set.  ``TaskSuccessEvent(value)``
     completes the task with ``value`` and ``TaskFailedEvent(error)`` fails it,
     with no worker at all.  After ``timeout`` seconds the task fails with
-    :class:`~celery_recovery.errors.TriggerTimeoutError`.
+    :class:`~celery_recovery.core.errors.TriggerTimeoutError`.
 
-    Raises :class:`~celery_recovery.errors.DeferralError` for wrong arguments
+    Raises :class:`~celery_recovery.core.errors.DeferralError` for wrong arguments
     (before anything is recorded).
     """
     task = current_task._get_current_object() if current_task else None
     if task is None or task.request.called_directly or task.request.is_eager:
         raise DeferralError("defer() must be called from a task body run by a Celery worker")
-    from .recovery import recovery_for_app
+    from celery_recovery.context import context_for_app
 
-    recovery = recovery_for_app(task.app)
-    if recovery is None:
+    context = context_for_app(task.app)
+    if context is None:
         raise DeferralError(f"defer() needs celery-recovery installed on app {task.app.main!r}")
-    prefixes = allowed_prefixes(task.app, recovery.settings.trigger_allowed_modules)
+    prefixes = allowed_prefixes(task.app, context.settings.trigger_allowed_modules)
     classpath, trigger_kwargs = serialize_trigger(trigger, prefixes)
     if method_name is not None:
         resolve_method(task, method_name)
@@ -110,7 +109,7 @@ def defer(
             raise DeferralError(f"defer() timeout={timeout!r} must be a positive number of seconds")
         timeout_at = utcnow() + timedelta(seconds=seconds)
     _record_deferral(
-        recovery,
+        context,
         task,
         {
             "classpath": classpath,
@@ -124,15 +123,17 @@ def defer(
     raise TaskDeferred(f"deferred until {trigger!r} fires", trigger, method_name)
 
 
-def _record_deferral(recovery: Recovery, task: Any, trigger_row: dict[str, Any]) -> None:
+def _record_deferral(context: RecoveryContext, task: Any, trigger_row: dict[str, Any]) -> None:
     request = task.request
-    runtime = recovery.runtime
+    runtime = context.runtime
     now = utcnow()
     # The try's running claim may still wait in this process's write buffer.
     runtime.writer.flush(timeout=5.0)
     record = record_from_request(task, now, runtime.job_id)
     try:
-        done, state = recovery.store.defer_try(record, {**trigger_row, "created_at": now}, now)
+        done, state = context.store.triggers.defer_try(
+            record, {**trigger_row, "created_at": now}, now
+        )
     except StoreError as exc:
         runtime.health.record_failure(exc, f"deferring {request.id}")
         logger.warning(

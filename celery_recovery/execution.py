@@ -41,17 +41,17 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
 
-from .audit import stale_delivery
-from .deferral import RESUME_HEADER, install_resume
-from .errors import StoreError
-from .messages import record_from_request, try_number_of
-from .republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
-from .states import FINISHED_TASK_STATES, JobState, TaskState
-from .timeutils import utcnow
+from celery_recovery.core.audit import stale_delivery
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.states import FINISHED_TASK_STATES, JobState, TaskState
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.deferral import RESUME_HEADER, install_resume
+from celery_recovery.messages import record_from_request, try_number_of
+from celery_recovery.republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
 
 if TYPE_CHECKING:
-    from .recovery import Recovery
-    from .settings import RecoverySettings
+    from celery_recovery.context import RecoveryContext
+    from celery_recovery.core.settings import RecoverySettings
 
 logger = logging.getLogger("celery_recovery.execution")
 
@@ -64,9 +64,9 @@ _dropped = threading.local()
 _IN_LIVE_JOB = "the try is running in live job"
 
 
-def install_stale_delivery_guard(recovery: Recovery) -> None:
+def install_stale_delivery_guard(context: RecoveryContext) -> None:
     """Guard every task of the app, now if it is finalized, else when it is."""
-    app = recovery.app
+    app = context.app
 
     def guard_all(*_: Any, **__: Any) -> None:
         for task in list(app.tasks.values()):
@@ -82,35 +82,37 @@ def install_stale_delivery_guard(recovery: Recovery) -> None:
         app.on_after_finalize.connect(guard_all, weak=False)
 
 
-def check_delivery(recovery: Recovery, task: Any, task_id: str) -> bool:
+def check_delivery(context: RecoveryContext, task: Any, task_id: str) -> bool:
     """At ``task_prerun``: True (and the body will be skipped) for a stale delivery."""
     request = task.request
-    if not _may_be_stale(request, recovery.settings):
+    if not _may_be_stale(request, context.settings):
         return False
     try_number = try_number_of(request)
-    runtime = recovery.runtime
+    runtime = context.runtime
     # This process may have just finished the try, with its outcome still buffered.
     runtime.writer.flush(timeout=2.0)
     try:
-        view = recovery.store.delivery_view(task_id, try_number)
+        view = context.store.tries.delivery_view(task_id, try_number)
     except StoreError as exc:
         # Availability over certainty: without the store the delivery runs.
         runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
         return False
     # "Live" here means it beat within two intervals: a worker that died a moment
     # ago must not make us drop the broker's redelivery of its task.
-    fresh = 2 * recovery.settings.heartbeat_interval
+    fresh = 2 * context.settings.heartbeat_interval
     why = _stale_because(view, try_number, fresh)
     if why is not None and why.startswith(_IN_LIVE_JOB):
         try:
-            view = _settle_owner(recovery, task_id, try_number, view, fresh)
+            view = _settle_owner(context, task_id, try_number, view, fresh)
         except StoreError as exc:
             runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
             return False
         why = _stale_because(view, try_number, fresh)
     if why is None:
         try:
-            if runtime.store.mark_running(record_from_request(task, utcnow(), runtime.job_id)):
+            if runtime.store.tries.mark_running(
+                record_from_request(task, utcnow(), runtime.job_id)
+            ):
                 return False
         except StoreError as exc:
             runtime.health.record_failure(exc, f"claiming a redelivery of {task_id}")
@@ -135,7 +137,7 @@ def drop_delivery(task_id: str) -> None:
 
 
 def _settle_owner(
-    recovery: Recovery, task_id: str, try_number: int, view: dict[str, Any], fresh: float
+    context: RecoveryContext, task_id: str, try_number: int, view: dict[str, Any], fresh: float
 ) -> dict[str, Any]:
     """Wait until the job that runs the try proves alive (beats again) or dead.
 
@@ -146,17 +148,17 @@ def _settle_owner(
     adoption timeout (minutes); waiting at most ``fresh`` seconds settles it.
     """
     seen = view["job_heartbeat"]
-    deadline = time.monotonic() + fresh + recovery.settings.heartbeat_interval
+    deadline = time.monotonic() + fresh + context.settings.heartbeat_interval
     while time.monotonic() < deadline:
-        time.sleep(recovery.settings.heartbeat_interval / 4)
-        now_view = recovery.store.delivery_view(task_id, try_number)
+        time.sleep(context.settings.heartbeat_interval / 4)
+        now_view = context.store.tries.delivery_view(task_id, try_number)
         heartbeat = now_view["job_heartbeat"]
         changed = (now_view["state"], now_view["job_id"]) != (view["state"], view["job_id"])
         if changed or heartbeat != seen:
             return now_view  # it moved on, or its owner beat again: alive
         if heartbeat is None or utcnow() - heartbeat >= timedelta(seconds=fresh):
             return now_view  # no beat for two intervals: the owner is dead
-    return recovery.store.delivery_view(task_id, try_number)
+    return context.store.tries.delivery_view(task_id, try_number)
 
 
 def was_dropped(task_id: str, forget: bool = True) -> bool:

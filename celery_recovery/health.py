@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import metrics
-from .errors import StoreSchemaError
+from celery_recovery import metrics
+from celery_recovery.core.errors import StoreSchemaError
 
 logger = logging.getLogger("celery_recovery.store")
 

@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .errors import StoreError
-from .health import StoreHealth
-from .states import JobState
-from .store import Store
-from .timeutils import utcnow
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.states import JobState
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.health import StoreHealth
+from celery_recovery.store import Store
 
 logger = logging.getLogger("celery_recovery.heartbeat")
 
@@ -77,7 +77,7 @@ class HeartbeatThread(threading.Thread):
         if not self._registered:
             return
         try:
-            self.store.end_job(self.job_id, state, utcnow())
+            self.store.jobs.end_job(self.job_id, state, utcnow())
         except StoreError as exc:
             logger.info("celery-recovery: could not record the end of job %s: %s", self.job_id, exc)
 
@@ -85,9 +85,9 @@ class HeartbeatThread(threading.Thread):
         now = utcnow()
         try:
             if not self._registered:
-                self.store.add_job({**self.job, "latest_heartbeat": now})
+                self.store.jobs.add_job({**self.job, "latest_heartbeat": now})
                 self._registered = True
-            elif not self.store.heartbeat(self.job_id, now):
+            elif not self.store.jobs.heartbeat(self.job_id, now):
                 self._on_missing_row(now)
         except StoreError as exc:
             self.health.record_failure(exc, f"heartbeating job {self.job_id}")
@@ -96,17 +96,17 @@ class HeartbeatThread(threading.Thread):
         self.health.record_success()
 
     def _on_missing_row(self, now: Any) -> None:
-        job = self.store.get_job(self.job_id)
+        job = self.store.jobs.get_job(self.job_id)
         if job is None:
             # Deleted by retention or lost with a restored database: register again.
-            self.store.add_job({**self.job, "latest_heartbeat": now})
+            self.store.jobs.add_job({**self.job, "latest_heartbeat": now})
             return
         # A sweep declared this process dead (it was paused past the threshold) and
         # has recovered its tries.  Carry on under a new job, so that new tries are
         # not taken for the dead job's.
         old = self.job_id
         self.job = {**self.job, "id": uuid.uuid4().hex, "start_date": now, "latest_heartbeat": now}
-        self.store.add_job(self.job)
+        self.store.jobs.add_job(self.job)
         logger.warning(
             "celery-recovery: job %s (pid %s) was marked %s while this process was alive "
             "(its heartbeat was late past the threshold); continuing as job %s",

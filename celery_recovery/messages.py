@@ -15,9 +15,9 @@ from typing import Any
 
 from kombu.utils.json import dumps as kombu_dumps
 
-from .states import TaskState
-from .store.schema import EncodedJSON
-from .timeutils import as_utc
+from celery_recovery.core.states import TaskState
+from celery_recovery.core.timeutils import as_utc
+from celery_recovery.store.schema import EncodedJSON
 
 #: Largest encoded argument payload kept for re-publishing, in bytes.
 MAX_RECORDED_PAYLOAD = 1024 * 1024

@@ -17,10 +17,10 @@ from typing import Any, NoReturn
 from celery import states
 from celery.exceptions import Ignore
 
-from .errors import StoreError
-from .messages import try_number_of
-from .states import TaskState
-from .timeutils import utcnow
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.states import TaskState
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.messages import try_number_of
 
 logger = logging.getLogger("celery_recovery.recoverable")
 
@@ -38,7 +38,7 @@ def postpone(recovery: Any, task: Any, countdown: float, why: str) -> NoReturn:
     try:
         # Before the publish, so the next delivery finds the try queued, not running.
         runtime.writer.flush(timeout=2.0)
-        recovery.store.transition(
+        recovery.store.tries.transition(
             request.id,
             try_number_of(request),
             TaskState.RUNNING,

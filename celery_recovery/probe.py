@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery, states
 from celery.backends.base import BaseKeyValueStoreBackend
 
-from .deferral import DEFERRED_STATE
+from celery_recovery.core.states import DEFERRED_STATE
 
 logger = logging.getLogger("celery_recovery.probe")
 

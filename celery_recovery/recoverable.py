@@ -31,14 +31,14 @@ from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 from redis.exceptions import RedisError
 
-from . import metrics
-from .errors import ConfigurationError
-from .locks import DONE, HELD
-from .locks.keys import KeySpec, build_key, check_template
-from .messages import MAX_RECORDED_PAYLOAD
-from .postpone import postpone
-from .states import TaskState
-from .store import Transition
+from celery_recovery import metrics
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.records import Transition
+from celery_recovery.core.states import TaskState
+from celery_recovery.locks import DONE, HELD
+from celery_recovery.locks.keys import KeySpec, build_key, check_template
+from celery_recovery.messages import MAX_RECORDED_PAYLOAD
+from celery_recovery.postpone import postpone
 
 logger = logging.getLogger("celery_recovery.recoverable")
 
@@ -112,19 +112,19 @@ def recoverable(
         @functools.wraps(function)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             task = current_task._get_current_object() if current_task else None
-            from .recovery import recovery_for_app
+            from celery_recovery.context import context_for_app
 
-            recovery = recovery_for_app(task.app) if task is not None else None
-            if recovery is None or task.request.called_directly:
+            context = context_for_app(task.app) if task is not None else None
+            if context is None or task.request.called_directly:
                 return function(*args, **kwargs)
             key = build_key(function, idempotency_key, task.name, args, kwargs, task)
-            return _run_guarded(recovery, task, key, function, args, kwargs)
+            return _run_guarded(context, task, key, function, args, kwargs)
 
-        def _run_guarded(recovery, task, key, function, args, kwargs):  # type: ignore[no-untyped-def]
+        def _run_guarded(context, task, key, function, args, kwargs):  # type: ignore[no-untyped-def]
             request = task.request
             holder = f"{request.id}:{request.retries + 1}"
             try:
-                locks, leases = recovery.runtime.locks()
+                locks, leases = context.runtime.locks()
                 got = locks.acquire(key, holder, lock_ttl)
             except (RedisError, OSError) as exc:
                 metrics.lock_acquisition("error")
@@ -147,7 +147,7 @@ def recoverable(
                     retry_countdown,
                     key,
                 )
-                postpone(recovery, task, retry_countdown, f"idempotency lock {key!r} unavailable")
+                postpone(context, task, retry_countdown, f"idempotency lock {key!r} unavailable")
             metrics.lock_acquisition(got.outcome)
             if got.outcome == DONE:
                 logger.info(
@@ -167,9 +167,9 @@ def recoverable(
                         got.holder,
                     )
                     return None
-                postpone(recovery, task, retry_countdown, f"key {key!r} is held by {got.holder}")
+                postpone(context, task, retry_countdown, f"key {key!r} is held by {got.holder}")
             request.idempotency_key, request.fencing_token = key, got.token
-            recovery.runtime.write(
+            context.runtime.write(
                 "transition",
                 Transition(
                     request.id,

@@ -1,7 +1,7 @@
 """The configuration reference, generated from the settings' own definitions.
 
 ``docs/configuration.md`` and the presets table in ``docs/tuning.md`` are
-rendered from :data:`celery_recovery.settings.SETTINGS` (name, default, doc,
+rendered from :data:`celery_recovery.core.settings.SETTINGS` (name, default, doc,
 unit, parser) and :data:`celery_recovery.beat_schedules.PRESETS`, so they
 cannot drift from the code; ``tests/test_docs.py`` fails when they do.  Each
 parser's docstring reads ``"<type>: <allowed values>"`` and supplies those two
@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .beat_schedules.presets import PRESETS
-from .settings import (
+from celery_recovery.core.presets import PRESETS
+from celery_recovery.core.settings import (
     DEFAULT_PRESET,
     ENV_PREFIX,
     MIN_HEARTBEATS_PER_THRESHOLD,
@@ -30,8 +30,8 @@ from .settings import (
     SETTINGS,
     SettingSpec,
 )
-from .sweeps.fallback import MISSED_SWEEPS
-from .urls import SUPPORTED_SCHEMES
+from celery_recovery.core.urls import SUPPORTED_SCHEMES
+from celery_recovery.sweeps.fallback import MISSED_SWEEPS
 
 REGENERATE = "python -m celery_recovery.reference"
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
@@ -60,12 +60,12 @@ def problems() -> list[str]:
         if len(doc) < MIN_DOC_LENGTH or not doc.endswith("."):
             found.append(
                 f"setting {spec.conf_key!r} needs a doc (one or more sentences, ending with a "
-                f"period, at least {MIN_DOC_LENGTH} characters) in celery_recovery/settings.py"
+                f"period, at least {MIN_DOC_LENGTH} characters) in celery_recovery/core/settings.py"
             )
         if parser_description(spec.parse) is None:
             found.append(
                 f"the parser {spec.parse.__name__} of {spec.conf_key!r} needs a docstring "
-                "'<type>: <allowed values>' in celery_recovery/settings.py"
+                "'<type>: <allowed values>' in celery_recovery/core/settings.py"
             )
     names = {spec.name for spec in SETTINGS}
     for preset, values in PRESETS.items():
@@ -80,7 +80,7 @@ def render_configuration() -> str:
     lines = [
         "# Configuration reference",
         "",
-        f"<!-- Generated from celery_recovery/settings.py by `{REGENERATE}`; do not edit. -->",
+        f"<!-- Generated from celery_recovery/core/settings.py by `{REGENERATE}`; do not edit. -->",
         "",
         "Every setting can be given in three places; a later one wins:",
         "",

@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import Celery
 
-from .timeutils import as_utc, utcnow
+from celery_recovery.core.timeutils import as_utc, utcnow
 
 #: Headers Celery sets itself on every publish; everything else is the user's own.
 _PROTOCOL_HEADERS = frozenset(

@@ -2,7 +2,7 @@
 
 Finished jobs, finished tries, stale callback rows, triggers of finished
 tries and recovery audit rows older than a cutoff are deleted in batches,
-each its own short transaction (see :mod:`celery_recovery.store.retention_ops`), so a clean of
+each its own short transaction (see :mod:`celery_recovery.store.retention`), so a clean of
 millions of rows never holds a lock a sweep needs for longer than one batch.
 
 Schedule it from beat::
@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigurationError
-from .store.retention_ops import RETENTION_TABLES
-from .timeutils import as_utc, utcnow
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.timeutils import as_utc, utcnow
+from celery_recovery.store import RETENTION_TABLES
 
 if TYPE_CHECKING:
-    from .recovery import Recovery
-    from .store import Store
+    from celery_recovery.context import RecoveryContext
+    from celery_recovery.store import Store
 
 CLEAN_TASK = "celery_recovery.db_clean"
 #: Rows deleted per transaction: large enough to be fast, small enough that one
@@ -120,7 +120,7 @@ def count_expired(
 ) -> dict[str, int]:
     """Rows per table a clean would delete now."""
     now = now or utcnow()
-    return {name: store.count_expired(name, cutoff, now) for name in tables}
+    return {name: store.retention.count_expired(name, cutoff, now) for name in tables}
 
 
 def clean(
@@ -144,7 +144,7 @@ def clean(
         report.deleted[name] = 0
         while True:
             batch_started = time.perf_counter()
-            deleted = store.delete_expired_batch(name, cutoff, now, batch_size)
+            deleted = store.retention.delete_expired_batch(name, cutoff, now, batch_size)
             report.longest_batch = max(report.longest_batch, time.perf_counter() - batch_started)
             if deleted == 0:
                 break
@@ -154,10 +154,10 @@ def clean(
     return report
 
 
-def register_clean_task(recovery: Recovery) -> None:
+def register_clean_task(context: RecoveryContext) -> None:
     """Register ``celery_recovery.db_clean`` on the app, for beat to schedule."""
 
-    @recovery.app.task(name=CLEAN_TASK, shared=False, ignore_result=True)
+    @context.app.task(name=CLEAN_TASK, shared=False, ignore_result=True)
     def db_clean(
         older_than: str | float = "30d",
         tables: list[str] | None = None,
@@ -166,4 +166,4 @@ def register_clean_task(recovery: Recovery) -> None:
         """Delete celery-recovery history older than ``older_than`` (e.g. ``"30d"``)."""
         now = utcnow()
         cutoff = parse_cutoff(older_than, now)
-        return clean(recovery.store, cutoff, check_tables(tables), batch_size, now).as_dict()
+        return clean(context.store, cutoff, check_tables(tables), batch_size, now).as_dict()

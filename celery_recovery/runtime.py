@@ -15,17 +15,17 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigurationError
-from .health import StoreHealth
-from .heartbeat import HeartbeatThread
-from .liveness.job import job_markers
-from .liveness.postgres import stop_holder
-from .locks import IdempotencyLocks, LeaseRenewer
-from .settings import RecoverySettings
-from .states import JobState, JobType
-from .store import Store
-from .timeutils import utcnow
-from .write_behind import WriteBehindWriter
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.core.states import JobState, JobType
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.health import StoreHealth
+from celery_recovery.heartbeat import HeartbeatThread
+from celery_recovery.liveness.job import job_markers
+from celery_recovery.liveness.postgres import stop_holder
+from celery_recovery.locks import IdempotencyLocks, LeaseRenewer
+from celery_recovery.store import Store
+from celery_recovery.write_behind import WriteBehindWriter
 
 logger = logging.getLogger("celery_recovery.runtime")
 

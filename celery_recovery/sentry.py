@@ -32,8 +32,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .settings import RecoverySettings
-    from .sweeps.context import SweepReport
+    from celery_recovery.core.records import SweepReport
+    from celery_recovery.core.settings import RecoverySettings
 
 logger = logging.getLogger("celery_recovery.sentry")
 

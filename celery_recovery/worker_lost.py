@@ -29,16 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from billiard.exceptions import WorkerLostError
 
-from .errors import StoreError
-from .execution import drop_delivery
-from .messages import encode_json, try_number_of
-from .states import TaskState
-from .store import OutboxedTransition, Transition
-from .sweeps.callbacks import BACKEND, SIGNAL
-from .timeutils import utcnow
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition
+from celery_recovery.core.states import TaskState
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.execution import drop_delivery
+from celery_recovery.messages import encode_json, try_number_of
 
 if TYPE_CHECKING:
-    from .recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.worker_lost")
 
@@ -49,7 +48,7 @@ _refused = threading.local()
 
 
 def record_lost_process(
-    recovery: Recovery, task: Any, exception: BaseException, args: Any, kwargs: Any
+    context: RecoveryContext, task: Any, exception: BaseException, args: Any, kwargs: Any
 ) -> None:
     """In the worker's main process, at Celery's ``task_failure`` for a killed pool process."""
     error = f"{type(exception).__name__}: {exception}"
@@ -60,11 +59,19 @@ def record_lost_process(
     )
     change.values["error"] = error
     # Celery stored the outcome (as the result settings say) and sent the signal.
-    callback = _callback_row(task, "failure", reason, args, kwargs, [BACKEND, SIGNAL], now)
-    recovery.runtime.write("outboxed", OutboxedTransition(change, callback))
+    callback = _callback_row(
+        task,
+        "failure",
+        reason,
+        args,
+        kwargs,
+        [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL],
+        now,
+    )
+    context.runtime.write("outboxed", OutboxedTransition(change, callback))
 
 
-def record_lost_retry(recovery: Recovery, task: Any, reason: Any) -> None:
+def record_lost_retry(context: RecoveryContext, task: Any, reason: Any) -> None:
     """In the worker's main process, at ``task_retry`` sent by ``task_retry_on_worker_lost``."""
     request = task.request
     now = utcnow()
@@ -78,7 +85,7 @@ def record_lost_retry(recovery: Recovery, task: Any, reason: Any) -> None:
     # Celery already published the next try and called on_retry: the listeners remain.
     text = f"its pool process died ({reason})"
     callback = _callback_row(task, "retry", text, request.args, request.kwargs, ["on_retry"], now)
-    recovery.runtime.write("outboxed", OutboxedTransition(change, callback))
+    context.runtime.write("outboxed", OutboxedTransition(change, callback))
 
 
 def is_lost_process_retry(reason: Any) -> bool:
@@ -92,18 +99,18 @@ def runs_allowed(max_retries: int | None, retries: int, unbounded_cap: int) -> i
     return max(1, max_retries + 1 - retries)
 
 
-def claim_counting_deaths(recovery: Recovery, task: Any, record: dict[str, Any]) -> bool:
+def claim_counting_deaths(context: RecoveryContext, task: Any, record: dict[str, Any]) -> bool:
     """In the pool process, before an ``acks_late`` body runs: claim the try durably.
 
     True when the try already used up its runs: it is failed instead, and the
     body is skipped (the message is acknowledged).
     """
-    runtime = recovery.runtime
+    runtime = context.runtime
     if not runtime.health.available():
         runtime.record_start(record)  # the store is down: availability over counting
         return False
     try:
-        deaths = recovery.store.claim_counting_deaths(record)
+        deaths = context.store.tries.claim_counting_deaths(record)
     except StoreError as exc:
         runtime.health.record_failure(exc, f"claiming {record['task_id']}")
         runtime.record_start(record)
@@ -111,7 +118,7 @@ def claim_counting_deaths(recovery: Recovery, task: Any, record: dict[str, Any])
     runtime.health.record_success()
     request = task.request
     allowed = runs_allowed(
-        task.max_retries, int(request.retries or 0), recovery.settings.max_lost_runs
+        task.max_retries, int(request.retries or 0), context.settings.max_lost_runs
     )
     if deaths is None or deaths < allowed:
         return False
@@ -121,7 +128,7 @@ def claim_counting_deaths(recovery: Recovery, task: Any, record: dict[str, Any])
         else f"max_retries ({task.max_retries}) exceeded"
     )
     reason = f"its process died in each of its {deaths} runs; not run again: {limit}"
-    if not _fail(recovery, task, reason):
+    if not _fail(context, task, reason):
         return False
     logger.error(
         "celery-recovery: task %s[%s] try %d failed: %s",
@@ -134,17 +141,19 @@ def claim_counting_deaths(recovery: Recovery, task: Any, record: dict[str, Any])
     return True
 
 
-def _fail(recovery: Recovery, task: Any, reason: str) -> bool:
+def _fail(context: RecoveryContext, task: Any, reason: str) -> bool:
     request = task.request
     exc = WorkerLostError(reason)
     now = utcnow()
     change = _ending(task, (TaskState.RUNNING,), TaskState.FAILED, reason, now)
     change.values["error"] = f"WorkerLostError: {reason}"
-    callback = _callback_row(task, "failure", reason, request.args, request.kwargs, [BACKEND], now)
+    callback = _callback_row(
+        task, "failure", reason, request.args, request.kwargs, [CallbackStep.RESULT_BACKEND], now
+    )
     try:
-        won = recovery.store.apply_outboxed([OutboxedTransition(change, callback)]) == 1
+        won = context.store.tries.apply_outboxed([OutboxedTransition(change, callback)]) == 1
     except StoreError as exc_:
-        recovery.runtime.health.record_failure(exc_, f"failing {request.id}")
+        context.runtime.health.record_failure(exc_, f"failing {request.id}")
         return False
     if won:
         # Stored at task_postrun: Celery stores STARTED (task_track_started) after task_prerun.

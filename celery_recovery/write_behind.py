@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import StoreError, StoreSchemaError, StoreUnavailableError
-from .health import StoreHealth
-from .store import Store
+from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
+from celery_recovery.health import StoreHealth
+from celery_recovery.store import Store
 
 logger = logging.getLogger("celery_recovery.write_behind")
 
@@ -122,7 +122,7 @@ class WriteBehindWriter:
     def _apply(self, batch: Sequence[Write]) -> bool:
         """Apply a batch; False when it must be retried later (the store is down)."""
         try:
-            self.store.apply_writes(batch)
+            self.store.tries.apply_writes(batch)
         except (StoreUnavailableError, StoreSchemaError) as exc:
             self.health.record_failure(exc, f"writing {len(batch)} task records")
             return False
@@ -136,7 +136,7 @@ class WriteBehindWriter:
     def _apply_singly(self, batch: Sequence[Write]) -> bool:
         for index, write in enumerate(batch):
             try:
-                self.store.apply_writes([write])
+                self.store.tries.apply_writes([write])
             except (StoreUnavailableError, StoreSchemaError) as exc:
                 self.health.record_failure(exc, "writing task records")
                 with self._cond:

@@ -117,7 +117,8 @@ def report(results: dict) -> int:
     deadline = time.monotonic() + 10
     while True:
         seen = {
-            label: [t["state"] for t in recovery.store.tries(r.id)] for label, r in results.items()
+            label: [t["state"] for t in recovery.store.tries.history(r.id)]
+            for label, r in results.items()
         }
         if seen == expected or time.monotonic() > deadline:
             break
@@ -125,7 +126,7 @@ def report(results: dict) -> int:
     print("\nWhat celery-recovery recorded:")
     print(f"  {'task':<10} {'try':>3}  {'state':<13} {'worker job':<12} {'ran for':>8}  note")
     for label, result in results.items():
-        for t in recovery.store.tries(result.id):
+        for t in recovery.store.tries.history(result.id):
             took = ""
             if t["started_at"] and t["ended_at"]:
                 took = f"{(t['ended_at'] - t['started_at']).total_seconds() * 1000:.0f} ms"
@@ -134,7 +135,7 @@ def report(results: dict) -> int:
             print(
                 f"  {label:<10} {t['try_number']:>3}  {t['state']:<13} {job:<12} {took:>8}  {note}"
             )
-    jobs = recovery.store.list_jobs("worker")
+    jobs = recovery.store.jobs.list_jobs("worker")
     print(f"\nWorker jobs with heartbeats: {len(jobs)} (one per pool process)")
     if seen != expected:
         print(f"\nUNEXPECTED records: {seen}, expected {expected}", file=sys.stderr)

@@ -26,10 +26,10 @@ from kombu import Connection
 
 from celery_recovery import TaskState
 from celery_recovery.canvas import claim_name
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.republish import republish
-from celery_recovery.store.claim_ops import Claim
-from celery_recovery.timeutils import utcnow
+from celery_recovery.store import Claim
 from tests.apps.canvas_tasks import RUNNING_KEY
 from tests.apps.lifecycle import create_app
 from tests.conftest import FAST_SETTINGS, lock_settings
@@ -54,28 +54,31 @@ SHORT = 0.1
 
 def test_claim_once_lets_one_holder_publish(store) -> None:
     now = utcnow()
-    assert store.claim_once("claim:chord-body:u1", "a", now, 30) is Claim.WON
-    assert store.claim_once("claim:chord-body:u1", "b", now, 30) is Claim.HELD
-    assert store.complete_claim("claim:chord-body:u1", "a", now)
-    assert store.claim_once("claim:chord-body:u1", "b", now, 30) is Claim.DONE
+    assert store.claims.claim_once("claim:chord-body:u1", "a", now, 30) is Claim.WON
+    assert store.claims.claim_once("claim:chord-body:u1", "b", now, 30) is Claim.HELD
+    assert store.claims.complete_claim("claim:chord-body:u1", "a", now)
+    assert store.claims.claim_once("claim:chord-body:u1", "b", now, 30) is Claim.DONE
 
     # A holder that died before completing: its claim expires and is taken over.
-    assert store.claim_once("claim:chord-body:u2", "a", now, 1) is Claim.WON
-    assert store.claim_once("claim:chord-body:u2", "b", now + timedelta(seconds=2), 30) is Claim.WON
-    assert not store.complete_claim("claim:chord-body:u2", "a", now)  # no longer its claim
+    assert store.claims.claim_once("claim:chord-body:u2", "a", now, 1) is Claim.WON
+    assert (
+        store.claims.claim_once("claim:chord-body:u2", "b", now + timedelta(seconds=2), 30)
+        is Claim.WON
+    )
+    assert not store.claims.complete_claim("claim:chord-body:u2", "a", now)  # no longer its claim
 
     # A publish that failed gives the claim back at once.
-    assert store.claim_once("claim:chord-body:u3", "a", now, 30) is Claim.WON
-    store.release_claim("claim:chord-body:u3", "a")
-    assert store.claim_once("claim:chord-body:u3", "b", now, 30) is Claim.WON
+    assert store.claims.claim_once("claim:chord-body:u3", "a", now, 30) is Claim.WON
+    store.claims.release_claim("claim:chord-body:u3", "a")
+    assert store.claims.claim_once("claim:chord-body:u3", "b", now, 30) is Claim.WON
 
     # db clean deletes claims once done (or abandoned) before its cutoff, never other leases.
-    store.mark_completed("sweep", now)
-    assert store.claim_once("claim:chord-body:u4", "a", now, 0.5) is Claim.WON  # then died
+    store.checkins.mark_completed("sweep", now)
+    assert store.claims.claim_once("claim:chord-body:u4", "a", now, 0.5) is Claim.WON  # then died
     cutoff = now + timedelta(seconds=1)
-    assert store.count_expired("claims", cutoff, now) == 2  # u1 done, u4 abandoned
-    assert store.delete_expired_batch("claims", cutoff, now, 10) == 2
-    assert store.last_completed("sweep") == now
+    assert store.retention.count_expired("claims", cutoff, now) == 2  # u1 done, u4 abandoned
+    assert store.retention.delete_expired_batch("claims", cutoff, now, 10) == 2
+    assert store.checkins.last_completed("sweep") == now
 
 
 def test_claim_names_fit_the_leases_table_whatever_the_task_id() -> None:
@@ -145,7 +148,7 @@ def _check_round(results: dict[str, Any], counts: dict[str, int]) -> None:
 def _settled(app: Any, broker: str, queue: str) -> bool:
     """Nothing left to deliver: no try queued or running, nothing held by the broker."""
     store = recovery_for_app(app).store
-    if any(store.list_tries(state=s, limit=1) for s in (TaskState.QUEUED, TaskState.RUNNING)):
+    if any(store.tries.list_tries(state=s, limit=1) for s in (TaskState.QUEUED, TaskState.RUNNING)):
         return False
     if broker == "redis":
         client = redis.Redis.from_url(app.conf.broker_url)
@@ -156,7 +159,7 @@ def _settled(app: Any, broker: str, queue: str) -> bool:
 
 def _running(app: Any, names: tuple[str, ...], at_least: int) -> bool:
     store = recovery_for_app(app).store
-    running = store.list_tries(state=TaskState.RUNNING)
+    running = store.tries.list_tries(state=TaskState.RUNNING)
     return sum(1 for t in running if t["task_name"] in names) >= at_least
 
 
@@ -247,7 +250,7 @@ def test_two_copies_of_one_chord_unlock_publish_the_body_once(
     ).apply_async(task_id=body_id)
     store = recovery_for_app(app).store
     unlock = wait_for(
-        lambda: next(iter(store.list_tries(task_name="celery.chord_unlock", limit=1)), None),
+        lambda: next(iter(store.tries.list_tries(task_name="celery.chord_unlock", limit=1)), None),
         10,
         what="the unlock task recorded",
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from celery_recovery import reference
-from celery_recovery.settings import SETTINGS, SettingSpec, _count
+from celery_recovery.core.settings import SETTINGS, SettingSpec, _count
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -21,7 +21,7 @@ def test_every_setting_and_its_parser_are_documented():
 def test_generated_docs_match_the_settings():
     stale = reference.stale_files(DOCS)
     assert not stale, (
-        f"{', '.join(p.name for p in stale)} differ from what celery_recovery/settings.py and "
+        f"{', '.join(p.name for p in stale)} differ from what celery_recovery/core/settings.py and "
         f"the presets give; regenerate with `{reference.REGENERATE}` and commit the result"
     )
 

@@ -16,7 +16,7 @@ def final_tries(store: Store, task_id: str, count: int = 1, timeout: float = 15.
     """The task's tries once ``count`` of them have reached a finished state."""
 
     def finished():
-        tries = store.tries(task_id)
+        tries = store.tries.history(task_id)
         done = [t for t in tries if t["state"] not in (TaskState.QUEUED, TaskState.RUNNING)]
         return tries if len(done) >= count else None
 
@@ -42,7 +42,7 @@ def test_successful_task_goes_queued_running_success(client_app, store, start_wo
     assert record["args"] == [2, 3] and record["republishable"] is True
     assert record["queue"] == client_app.conf.task_default_queue
     assert record["queued_at"] <= record["started_at"] <= record["ended_at"]
-    job = store.get_job(record["job_id"])
+    job = store.jobs.get_job(record["job_id"])
     assert job is not None, "the record names the job that ran it"
     assert job["job_type"] == JobType.WORKER and job["node_name"].startswith(worker.name + "@")
     pids = worker.child_pids() if pool == "prefork" else [worker.proc.pid]
@@ -101,7 +101,7 @@ def test_revoked_running_task_is_recorded_revoked(client_app, store, start_worke
     client_app.control.revoke(result.id, terminate=True)
     # The killed pool process may report a failure first; the revoke overrides it.
     (record,) = wait_for(
-        lambda: [t for t in store.tries(result.id) if t["state"] == TaskState.REVOKED],
+        lambda: [t for t in store.tries.history(result.id) if t["state"] == TaskState.REVOKED],
         15,
         what="the try to be revoked",
     )
@@ -112,13 +112,15 @@ def test_warm_shutdown_ends_worker_jobs_as_success(client_app, store, start_work
     worker = start_worker()
     client_app.send_task("lifecycle.add", (1, 2)).get(timeout=15)
     # The main process (it takes the messages) and the two pool processes.
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 3, what="three worker jobs")
+    wait_for(lambda: len(store.jobs.list_jobs(JobType.WORKER)) == 3, what="three worker jobs")
     assert worker.stop() == 0
     jobs = wait_for(
         lambda: (
             (
                 ended := [
-                    j for j in store.list_jobs(JobType.WORKER) if j["state"] == JobState.SUCCESS
+                    j
+                    for j in store.jobs.list_jobs(JobType.WORKER)
+                    if j["state"] == JobState.SUCCESS
                 ]
             )
             and len(ended) == 3

@@ -25,7 +25,7 @@ def test_a_task_with_10_mb_of_arguments_runs_and_a_sweep_fails_it_with_the_reaso
     done = client_app.send_task("lifecycle.measure", (BLOB,))
     assert done.get(timeout=60) == len(BLOB)
     [record] = wait_for(
-        lambda: [t for t in store.tries(done.id) if t["state"] == TaskState.SUCCESS],
+        lambda: [t for t in store.tries.history(done.id) if t["state"] == TaskState.SUCCESS],
         20,
         what="the recorded success",
     )
@@ -39,7 +39,7 @@ def test_a_task_with_10_mb_of_arguments_runs_and_a_sweep_fails_it_with_the_reaso
     # Its worker dies while it runs: the sweep fails it with that reason.
     killed = client_app.send_task("lifecycle.measure", (BLOB, 60))
     wait_for(
-        lambda: [t["state"] for t in store.tries(killed.id)] == [TaskState.RUNNING],
+        lambda: [t["state"] for t in store.tries.history(killed.id)] == [TaskState.RUNNING],
         30,
         what="the second task to start",
     )
@@ -48,10 +48,10 @@ def test_a_task_with_10_mb_of_arguments_runs_and_a_sweep_fails_it_with_the_reaso
     worker.kill()
     [failed] = sweep_until(
         client_app,
-        lambda: [t for t in store.tries(killed.id) if t["state"] == TaskState.FAILED],
+        lambda: [t for t in store.tries.history(killed.id) if t["state"] == TaskState.FAILED],
         30,
         "the zombie to be failed",
     )
     assert "worker lost" in failed["state_reason"]
     assert "cannot be published again: arguments are" in failed["state_reason"]
-    assert len(store.tries(killed.id)) == 1  # never published again
+    assert len(store.tries.history(killed.id)) == 1  # never published again

@@ -22,7 +22,7 @@ def test_a_message_rejected_with_requeue_runs_again_as_the_same_try(
     store = recovery_for_app(client).store
     wait_for(
         lambda: (
-            [(t["try_number"], t["state"]) for t in store.tries(result.id)]
+            [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
             == [(1, TaskState.SUCCESS)]
         ),
         10,

@@ -15,9 +15,9 @@ import pytest
 
 from celery_recovery import JobState, JobType
 from celery_recovery import sentry as recovery_sentry
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.sweeps.tasks import SWEEP_TASK
-from celery_recovery.timeutils import utcnow
 from tests.sweeps.helpers import make_queued
 from tests.sweeps.test_races import make_zombie
 
@@ -113,7 +113,7 @@ def test_lost_message_is_captured_with_its_queue_age(store, recovery, transport)
 
 def test_dead_beat_is_captured(store, recovery, transport):
     past = utcnow() - timedelta(seconds=60)
-    store.add_job(
+    store.jobs.add_job(
         {
             "id": "beat1",
             "job_type": JobType.BEAT,

@@ -148,12 +148,14 @@ def test_a_namespaced_worker_records_into_the_configured_store(
         store = Store(store_url)
         try:
             record = wait_for(
-                lambda: [t for t in store.tries(result.id) if t["state"] == TaskState.SUCCESS],
+                lambda: [
+                    t for t in store.tries.history(result.id) if t["state"] == TaskState.SUCCESS
+                ],
                 15,
                 what="the try recorded in the configured store",
             )[0]
             assert record["task_name"] == "namespaced.add"
-            assert store.get_job(record["job_id"]) is not None, "and the worker's job"
+            assert store.jobs.get_job(record["job_id"]) is not None, "and the worker's job"
         finally:
             store.dispose()
     finally:

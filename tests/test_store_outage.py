@@ -54,7 +54,7 @@ def test_records_written_behind_reach_the_store_when_it_returns(
     client = make_client_app(pg_url)
     store = Store(pg_url)
     # The main process and two pool processes.
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 3, what="jobs before the outage")
+    wait_for(lambda: len(store.jobs.list_jobs(JobType.WORKER)) == 3, what="jobs before the outage")
 
     proxy.cut()
     results = [client.send_task("lifecycle.add", (i, 1)) for i in range(20)]
@@ -62,7 +62,7 @@ def test_records_written_behind_reach_the_store_when_it_returns(
     proxy.start()
 
     def all_recorded():
-        tries = [t for r in results for t in store.tries(r.id)]
+        tries = [t for r in results for t in store.tries.history(r.id)]
         return len(tries) == 20 and all(t["state"] == TaskState.SUCCESS for t in tries)
 
     wait_for(all_recorded, 45, interval=0.25, what="buffered records to be written")
@@ -103,5 +103,5 @@ def test_sqlite_store_that_cannot_be_opened_does_not_stop_tasks(
     missing.mkdir()
     store = Store(url)
     store.ensure_ready()
-    wait_for(lambda: store.list_jobs(JobType.WORKER), 45, interval=0.25, what="the job row")
+    wait_for(lambda: store.jobs.list_jobs(JobType.WORKER), 45, interval=0.25, what="the job row")
     store.dispose()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from celery_recovery.errors import StoreError, StoreUnavailableError
+from celery_recovery.core.errors import StoreError, StoreUnavailableError
 from celery_recovery.health import StoreHealth
 from celery_recovery.write_behind import WriteBehindWriter
 

@@ -1,6 +1,6 @@
 """Ready beat schedules and timing presets for celery-recovery."""
 
-from .presets import PRESETS, preset_settings
-from .schedule import recovery_beat_schedule
+from celery_recovery.beat_schedules.schedule import recovery_beat_schedule
+from celery_recovery.core.presets import PRESETS, preset_settings
 
 __all__ = ["PRESETS", "preset_settings", "recovery_beat_schedule"]

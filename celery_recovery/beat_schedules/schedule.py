@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from ..sweeps.tasks import SWEEP_TASK
-from ..timeutils import seconds
-from .presets import preset_settings
+from celery_recovery.core.presets import preset_settings
+from celery_recovery.core.timeutils import seconds
+from celery_recovery.sweeps.tasks import SWEEP_TASK
 
 
 def recovery_beat_schedule(

@@ -29,7 +29,7 @@ def run_demo(echo: Callable[[str], None] = click.echo) -> int:
     for sub in ("broker", "control"):
         (folder / sub).mkdir()
     os.environ["RECOVERY_DEMO_DIR"] = str(folder)
-    from .app import app, recovery  # configured from the folder above
+    from celery_recovery.demo.app import app, recovery  # configured from the folder above
 
     workers: dict[str, subprocess.Popen[bytes]] = {}
     started = time.monotonic()
@@ -44,7 +44,7 @@ def run_demo(echo: Callable[[str], None] = click.echo) -> int:
             f"{recovery.settings.sweep_interval:g}s"
         )
         # Each worker is two jobs: its main process and its one pool process.
-        _wait(lambda: len(recovery.store.list_jobs("worker")) >= 4, 30, "workers to start")
+        _wait(lambda: len(recovery.store.jobs.list_jobs("worker")) >= 4, 30, "workers to start")
         results = [app.send_task("demo.charge_order", (i, TASK_SECONDS)) for i in range(ORDERS)]
         echo(f"sent {ORDERS} tasks that take {TASK_SECONDS:g}s each")
 
@@ -123,8 +123,8 @@ def _start_worker(name: str, folder: Path) -> subprocess.Popen[bytes]:
 
 
 def _running_on(recovery: Any, workers: dict[str, subprocess.Popen[bytes]]) -> Any:
-    for record in recovery.store.list_tries(state="running"):
-        job = recovery.store.get_job(record["job_id"]) if record["job_id"] else None
+    for record in recovery.store.tries.list_tries(state="running"):
+        job = recovery.store.jobs.get_job(record["job_id"]) if record["job_id"] else None
         if job and job["node_name"]:
             name = job["node_name"].split("@", 1)[0]
             if name in workers:
@@ -189,7 +189,7 @@ def _summary(
     # Workers write outcomes behind (every 20 ms): let the last ones land.
     def settled() -> bool:
         return all(
-            (tries := recovery.store.tries(r.id)) and tries[-1]["state"] == "success"
+            (tries := recovery.store.tries.history(r.id)) and tries[-1]["state"] == "success"
             for r in results
             if r.successful()
         )
@@ -201,7 +201,7 @@ def _summary(
     echo(_bold(f"{'task':<38} {'tries':<26} {'result'}"))
     ok = True
     for result in results:
-        tries = recovery.store.tries(result.id)
+        tries = recovery.store.tries.history(result.id)
         states = " -> ".join(f"{t['try_number']}:{t['state']}" for t in tries)
         value = result.result if result.successful() else result.state
         mark = "  <- killed" if result.id == killed_task else ""

@@ -15,6 +15,6 @@ A job whose marker is gone and whose heartbeat is late is dead now; a job
 whose marker is present, or unknown, is judged by the threshold as before.
 """
 
-from .verdict import Verdict
+from celery_recovery.liveness.verdict import Verdict
 
 __all__ = ["Verdict"]

@@ -6,8 +6,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from . import postgres
-from .process import process_marker
+from celery_recovery.liveness import postgres
+from celery_recovery.liveness.process import process_marker
 
 
 def uses_lock_marker(settings: Any) -> bool:

@@ -37,18 +37,6 @@ RECONNECT_DELAY = 0.5
 #: Seconds a connection attempt may take.
 CONNECT_TIMEOUT = 3
 
-_HELD_LOCKS = """
-SELECT (l.classid::bigint << 32) | l.objid::bigint
-FROM pg_locks l
-WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-"""
-
-
-def held_locks_query() -> str:
-    """SQL giving every session-level bigint advisory lock held in the store's database."""
-    return _HELD_LOCKS
-
 
 class MarkerHolder(threading.Thread):
     """Holds one advisory lock, on a connection of its own, for as long as the process lives."""
@@ -222,7 +210,7 @@ def stop_holder() -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    from ..urls import mask_secrets
+    from celery_recovery.core.urls import mask_secrets
 
     return mask_secrets(
         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from functools import cache
 
-from .verdict import Verdict
+from celery_recovery.liveness.verdict import Verdict
 
 
 @cache

@@ -1,6 +1,6 @@
 """Idempotency locks with fencing tokens (used by ``@recoverable``)."""
 
-from .redis_lock import ACQUIRED, DONE, HELD, Acquisition, IdempotencyLocks
-from .renewal import LeaseRenewer
+from celery_recovery.locks.redis_lock import ACQUIRED, DONE, HELD, Acquisition, IdempotencyLocks
+from celery_recovery.locks.renewal import LeaseRenewer
 
 __all__ = ["ACQUIRED", "DONE", "HELD", "Acquisition", "IdempotencyLocks", "LeaseRenewer"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from .redis_lock import IdempotencyLocks
+from celery_recovery.locks.redis_lock import IdempotencyLocks
 
 #: Keys asked for per SCAN call.
 SCAN_PAGE = 500

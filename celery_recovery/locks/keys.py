@@ -9,7 +9,7 @@ from typing import Any
 
 from kombu.utils.json import dumps as kombu_dumps
 
-from ..errors import ConfigurationError
+from celery_recovery.core.errors import ConfigurationError
 
 KeySpec = str | Callable[..., Any] | None
 

@@ -5,8 +5,8 @@ describes them for operators.  Recording is a counter increment or a gauge
 set, never a store round trip per task, and never raises.
 """
 
-from .definitions import PREFIX
-from .record import (
+from celery_recovery.metrics.definitions import PREFIX
+from celery_recovery.metrics.record import (
     callback_outcome,
     dead_job,
     dropped_writes,
@@ -16,7 +16,7 @@ from .record import (
     sweep_action,
     sweep_finished,
 )
-from .serve import (
+from celery_recovery.metrics.serve import (
     MULTIPROC_ENV,
     MetricsServerError,
     mark_process_dead,
@@ -25,8 +25,13 @@ from .serve import (
     serve_for_worker,
     stop,
 )
-from .snapshot import refresh_gauges
-from .triggerer import blocked_loop, trigger_event, triggerer_stopped, triggers_running
+from celery_recovery.metrics.snapshot import refresh_gauges
+from celery_recovery.metrics.triggerer import (
+    blocked_loop,
+    trigger_event,
+    triggerer_stopped,
+    triggers_running,
+)
 
 __all__ = [
     "MULTIPROC_ENV",

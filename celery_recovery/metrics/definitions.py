@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ..states import JobType
+from celery_recovery.core.states import JobType
 
 PREFIX = "celery_recovery_"
 

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ParamSpec
 
-from ..errors import StoreSchemaError, StoreUnavailableError
-from . import definitions as m
+from celery_recovery.core.errors import StoreSchemaError, StoreUnavailableError
+from celery_recovery.metrics import definitions as m
 
 if TYPE_CHECKING:
-    from ..sweeps.context import SweepReport
+    from celery_recovery.core.records import SweepReport
 
 logger = logging.getLogger("celery_recovery.metrics")
 

@@ -15,10 +15,10 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RecoveryError
+from celery_recovery.core.errors import RecoveryError
 
 if TYPE_CHECKING:
-    from ..settings import RecoverySettings
+    from celery_recovery.core.settings import RecoverySettings
 
 logger = logging.getLogger("celery_recovery.metrics")
 

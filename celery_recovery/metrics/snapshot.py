@@ -10,16 +10,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from . import definitions as m
-from .record import quietly
+from celery_recovery.metrics import definitions as m
+from celery_recovery.metrics.record import quietly
 
 if TYPE_CHECKING:
-    from ..store import Store
+    from celery_recovery.store import Store
 
 
 def refresh_gauges(store: Store, now: datetime) -> None:
     """Query the store and set the gauges; raises StoreError (the sweep isolates it)."""
-    running, pending = store.gauge_snapshot()
+    running, pending = store.jobs.gauge_snapshot()
     _set(running, pending, now)
 
 

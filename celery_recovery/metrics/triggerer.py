@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 
-from . import definitions as m
-from .record import quietly
+from celery_recovery.metrics import definitions as m
+from celery_recovery.metrics.record import quietly
 
 
 @quietly

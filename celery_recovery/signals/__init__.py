@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from . import control, processes, publish, reservations, tasks
+from celery_recovery.signals import control, processes, publish, reservations, tasks
 
 _connected = False
 _lock = threading.Lock()

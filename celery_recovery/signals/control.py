@@ -16,9 +16,9 @@ from typing import Any
 
 from kombu.utils.functional import maybe_list
 
-from ..errors import StoreError
-from ..recovery import installed, recovery_for_app
-from ..timeutils import utcnow
+from celery_recovery.context import context_for_app, installed
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.timeutils import utcnow
 
 logger = logging.getLogger("celery_recovery.signals")
 
@@ -96,16 +96,16 @@ def _wrap_purge_command() -> None:
 
 def _record(app: Any, rows: Callable[[], list[dict[str, Any]]], what: str) -> None:
     """Store the rows for the installation that records this app's broker; never raises."""
-    recovery = _recovery_for(app)
-    if recovery is None:
+    context = _recovery_for(app)
+    if context is None:
         return
     try:
         now = utcnow()
-        recovery.store.record_revocations([{**row, "created_at": now} for row in rows()])
+        context.store.revocations.record_revocations([{**row, "created_at": now} for row in rows()])
     except StoreError as exc:
         # The revoke or purge itself happened: only its record is missing, and a
         # worker that heard the revoke still discards a message published again.
-        recovery.runtime.health.record_failure(exc, f"recording a {what}")
+        context.runtime.health.record_failure(exc, f"recording a {what}")
     except Exception:
         logger.exception("celery-recovery: could not record a %s", what)
 
@@ -115,15 +115,15 @@ def _recovery_for(app: Any) -> Any:
 
     A process may build a second app object from the same configuration (test
     fixtures, scripts); its tasks' publishes are recorded by the one
-    installation too (see :func:`~celery_recovery.recovery.recovery_for_task_name`).
+    installation too (see :func:`~celery_recovery.context.context_for_task_name`).
     """
-    found = recovery_for_app(app)
+    found = context_for_app(app)
     if found is not None:
         return found
     broker = _broker_of(app)
-    for recovery in installed():
-        if broker is not None and _broker_of(recovery.app) == broker:
-            return recovery
+    for context in installed():
+        if broker is not None and _broker_of(context.app) == broker:
+            return context
     return None
 
 

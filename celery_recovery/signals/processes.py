@@ -26,17 +26,17 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from .. import metrics
-from ..liveness.job import start_lock_marker
-from ..liveness.postgres import stop_holder
-from ..recovery import Recovery, installed, recovery_for_app
-from ..states import JobState, JobType
-from .guard import never_raises
-from .reservations import MAIN_PROCESS_FLUSH_INTERVAL
+from celery_recovery import metrics
+from celery_recovery.context import RecoveryContext, context_for_app, installed
+from celery_recovery.core.states import JobState, JobType
+from celery_recovery.liveness.job import start_lock_marker
+from celery_recovery.liveness.postgres import stop_holder
+from celery_recovery.signals.guard import never_raises
+from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
 
 
-def _current() -> Recovery | None:
-    found = recovery_for_app(current_app._get_current_object())
+def _current() -> RecoveryContext | None:
+    found = context_for_app(current_app._get_current_object())
     if found is not None:
         return found
     every = installed()
@@ -48,72 +48,71 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     # The main process takes the liveness marker before its pool forks, so that the
     # pool processes share it instead of opening a connection each.
     app = getattr(sender, "app", None)
-    recovery = recovery_for_app(app) if app is not None else _current()
-    if recovery is not None:
+    context = context_for_app(app) if app is not None else _current()
+    if context is not None:
         label = f"worker {getattr(sender, 'hostname', None) or ''}:{os.getpid()}"
-        start_lock_marker(recovery.settings, label)
+        start_lock_marker(context.settings, label)
 
 
 @never_raises
 def on_process_init(sender: Any = None, **_: Any) -> None:
     # Must return within Celery's 4 s limit: the job row is written by the heartbeat thread.
-    recovery = _current()
-    if recovery is not None:
-        _start_worker_job(recovery, str(sender) if sender else None)
+    context = _current()
+    if context is not None:
+        _start_worker_job(context, str(sender) if sender else None)
 
 
 @never_raises
 def on_process_shutdown(**_: Any) -> None:
     # Multiprocess metrics: this child's live gauges stop counting (not sent on SIGKILL).
     metrics.mark_process_dead()
-    recovery = _current()
-    if recovery is not None:
-        recovery.runtime.stop_job(JobState.SUCCESS)
+    context = _current()
+    if context is not None:
+        context.runtime.stop_job(JobState.SUCCESS)
 
 
 @never_raises
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    recovery = recovery_for_app(app) if app is not None else _current()
+    context = context_for_app(app) if app is not None else _current()
     pool = getattr(sender, "pool", None)
-    if recovery is None:
+    if context is None:
         return
     in_children = _runs_tasks_in_children(pool)
-    metrics.serve_for_worker(recovery.settings, in_children)
+    metrics.serve_for_worker(context.settings, in_children)
     node_name = getattr(sender, "hostname", None)
     if in_children:
         # Only reserves messages (and writes when a pool process dies): the pool
         # children beat (and sweep when beat is down).  Starting the job also
         # connects to the store now, not when the first write is due.
-        recovery.runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
-        recovery.runtime.start_job(JobType.WORKER, node_name=node_name)
+        context.runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
+        context.runtime.start_job(JobType.WORKER, node_name=node_name)
     else:
-        _start_worker_job(recovery, node_name)
+        _start_worker_job(context, node_name)
 
 
 @never_raises
 def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    recovery = recovery_for_app(app) if app is not None else _current()
-    if recovery is not None and recovery.runtime.job_id is not None:
-        recovery.runtime.stop_job(JobState.SUCCESS)
+    context = context_for_app(app) if app is not None else _current()
+    if context is not None and context.runtime.job_id is not None:
+        context.runtime.stop_job(JobState.SUCCESS)
     stop_holder()
 
 
 @never_raises
 def on_beat_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    recovery = recovery_for_app(app) if app is not None else _current()
-    if recovery is not None:
-        recovery.runtime.start_job(JobType.BEAT)
+    context = context_for_app(app) if app is not None else _current()
+    if context is not None:
+        context.runtime.start_job(JobType.BEAT)
 
 
-def _start_worker_job(recovery: Recovery, node_name: str | None) -> None:
-    from ..sweeps.fallback import SweepFallback
-
+def _start_worker_job(context: RecoveryContext, node_name: str | None) -> None:
+    duty = context.worker_beat_duty
     holder = f"{node_name}:{os.getpid()}"
-    recovery.runtime.start_job(
-        JobType.WORKER, node_name=node_name, on_beat=SweepFallback(recovery, holder)
+    context.runtime.start_job(
+        JobType.WORKER, node_name=node_name, on_beat=duty(holder) if duty else None
     )
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from celery.signals import after_task_publish, before_task_publish
 
-from ..messages import record_from_publish
-from ..recovery import recovery_for_task_name
-from ..republish import PUBLISHED_AT_HEADER
-from ..timeutils import utcnow
-from .guard import never_raises
+from celery_recovery.context import context_for_task_name
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.messages import record_from_publish
+from celery_recovery.republish import PUBLISHED_AT_HEADER
+from celery_recovery.signals.guard import never_raises
 
 _staged = threading.local()
 
@@ -33,7 +33,7 @@ def on_before_publish(
     **_: Any,
 ) -> None:
     _staged.record = None
-    if not headers or recovery_for_task_name(str(sender)) is None:
+    if not headers or context_for_task_name(str(sender)) is None:
         return
     now = utcnow()
     # Lets a worker tell an old message (maybe one the sweep replaced) from a fresh one
@@ -50,9 +50,9 @@ def on_after_publish(sender: str | None = None, headers: dict[str, Any] | None =
     _staged.record = None
     if record is None or not headers or headers.get("id") != record["task_id"]:
         return
-    recovery = recovery_for_task_name(str(sender))
-    if recovery is not None:
-        recovery.runtime.write("queued", record)
+    context = context_for_task_name(str(sender))
+    if context is not None:
+        context.runtime.write("queued", record)
 
 
 def connect() -> None:

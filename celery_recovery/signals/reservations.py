@@ -20,10 +20,10 @@ from typing import Any
 
 from celery.signals import task_received
 
-from ..recovery import recovery_for_app
-from ..republish import RESERVED_AT_HEADER
-from ..timeutils import utcnow
-from .guard import never_raises
+from celery_recovery.context import context_for_app
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.republish import RESERVED_AT_HEADER
+from celery_recovery.signals.guard import never_raises
 
 #: Seconds a prefork worker's main process lets reservations gather before one
 #: commit writes them.  It is the busiest process of the worker (it takes every
@@ -35,10 +35,10 @@ MAIN_PROCESS_FLUSH_INTERVAL = 0.2
 
 @never_raises
 def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    recovery = recovery_for_app(getattr(sender, "app", None))
-    if recovery is None or request is None:
+    context = context_for_app(getattr(sender, "app", None))
+    if context is None or request is None:
         return
-    runtime = recovery.runtime
+    runtime = context.runtime
     job_id = runtime.job_id
     if job_id is None:
         return  # not a worker job (yet): the queued timeout stays the net

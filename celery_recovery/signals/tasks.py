@@ -27,23 +27,23 @@ from celery.signals import (
     task_revoked,
 )
 
-from ..deferral import was_deferred
-from ..errors import LostWorkerError
-from ..execution import check_delivery, was_dropped
-from ..messages import record_from_request, try_number_of
-from ..postpone import was_postponed
-from ..recovery import recovery_for_app
-from ..states import TaskState
-from ..store import Transition
-from ..timeutils import utcnow
-from ..worker_lost import (
+from celery_recovery.context import context_for_app
+from celery_recovery.core.errors import LostWorkerError
+from celery_recovery.core.records import Transition
+from celery_recovery.core.states import TaskState
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.deferral import was_deferred
+from celery_recovery.execution import check_delivery, was_dropped
+from celery_recovery.messages import record_from_request, try_number_of
+from celery_recovery.postpone import was_postponed
+from celery_recovery.signals.guard import never_raises
+from celery_recovery.worker_lost import (
     claim_counting_deaths,
     is_lost_process_retry,
     record_lost_process,
     record_lost_retry,
     store_refused_failure,
 )
-from .guard import never_raises
 
 logger = logging.getLogger("celery_recovery.signals")
 
@@ -61,10 +61,10 @@ _OUTCOMES = {
 _aside = threading.local()
 
 
-def _recovery_of(task: Any) -> Any:
+def _context_of(task: Any) -> Any:
     if task is None or getattr(task.request, "is_eager", False):
         return None
-    return recovery_for_app(task.app)
+    return context_for_app(task.app)
 
 
 def _describe(exc: BaseException | None) -> str | None:
@@ -75,16 +75,16 @@ def _describe(exc: BaseException | None) -> str | None:
 
 @never_raises
 def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    recovery = _recovery_of(task)
-    if recovery is None:
+    context = _context_of(task)
+    if context is None:
         return
-    if check_delivery(recovery, task, task_id):
+    if check_delivery(context, task, task_id):
         return  # stale: its before_start raises Ignore, and nothing is recorded
-    runtime = recovery.runtime
+    runtime = context.runtime
     record = record_from_request(task, utcnow(), runtime.job_id)
     if task.acks_late:
         # Its message comes back when this process dies: count the deaths.
-        if claim_counting_deaths(recovery, task, record):
+        if claim_counting_deaths(context, task, record):
             return  # failed for good instead: its before_start raises Ignore
     else:
         runtime.record_start(record)
@@ -100,8 +100,8 @@ def on_failure(
     kwargs: Any = None,
     **_: Any,
 ) -> None:
-    recovery = _recovery_of(sender)
-    if recovery is None or task_id is None or isinstance(exception, LostWorkerError):
+    context = _context_of(sender)
+    if context is None or task_id is None or isinstance(exception, LostWorkerError):
         return  # LostWorkerError: fired by the sweep's callback delivery, already recorded
     if _runs_here(task_id):
         # In the process running the try: task_postrun follows and writes the outcome.
@@ -111,10 +111,10 @@ def on_failure(
     # request does not tell): the pool process died (WorkerLostError) or hit a hard
     # time limit, so no task_postrun will come from it.
     if isinstance(exception, WorkerLostError):
-        record_lost_process(recovery, sender, exception, args, kwargs)
+        record_lost_process(context, sender, exception, args, kwargs)
         return
     now = utcnow()
-    recovery.runtime.write(
+    context.runtime.write(
         "transition",
         Transition(
             task_id,
@@ -133,12 +133,12 @@ def on_failure(
 
 @never_raises
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
-    recovery = _recovery_of(sender)
-    if recovery is None or request is None:
+    context = _context_of(sender)
+    if context is None or request is None:
         return
     if not _runs_here(request.id) and is_lost_process_retry(reason):
         # task_retry_on_worker_lost: the main process retried a try whose pool process died.
-        record_lost_retry(recovery, sender, reason)
+        record_lost_retry(context, sender, reason)
         return
     _set_aside(request.id, f"retry: {reason}"[:MAX_ERROR_LENGTH])
 
@@ -151,8 +151,8 @@ def on_postrun(
     retval: Any = None,
     **_: Any,
 ) -> None:
-    recovery = _recovery_of(task)
-    if recovery is None or task_id is None:
+    context = _context_of(task)
+    if context is None or task_id is None:
         return
     store_refused_failure(task, task_id)
     if was_dropped(task_id):
@@ -161,7 +161,7 @@ def on_postrun(
         _started_at().pop(task_id, None)
         return  # the try was already moved to deferred, or back to queued
     if state == celery_states.REJECTED and getattr(retval, "requeue", False):
-        _requeued(recovery, task, task_id)
+        _requeued(context, task, task_id)
         return
     new, reason = _OUTCOMES.get(
         state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
@@ -176,17 +176,17 @@ def on_postrun(
     if reason is not None:
         values["state_reason"] = reason
     try_number = try_number_of(task.request)
-    recovery.runtime.write(
+    context.runtime.write(
         "transition", Transition(task_id, try_number, (TaskState.RUNNING,), values)
     )
     started = _started_at().pop(task_id, None)
-    if started is not None and time.monotonic() - started >= recovery.settings.zombie_threshold:
+    if started is not None and time.monotonic() - started >= context.settings.zombie_threshold:
         # Long enough to have been declared dead meanwhile (a pause, a partition): if a
         # sweep recovered this try, keep what it finally did beside the recovery.
-        recovery.runtime.write("late", (task_id, try_number, new.value, now))
+        context.runtime.write("late", (task_id, try_number, new.value, now))
 
 
-def _requeued(recovery: Any, task: Any, task_id: str) -> None:
+def _requeued(context: Any, task: Any, task_id: str) -> None:
     """``Reject(requeue=True)``: the message is back in the queue, so is the try.
 
     Its redelivery then claims it as usual; recording it finished would make that
@@ -195,7 +195,7 @@ def _requeued(recovery: Any, task: Any, task_id: str) -> None:
     _started_at().pop(task_id, None)
     _take_aside(task_id)
     now = utcnow()
-    recovery.runtime.write(
+    context.runtime.write(
         "transition",
         Transition(
             task_id,
@@ -221,8 +221,8 @@ def on_revoked(
     signum: Any = None,
     **_: Any,
 ) -> None:
-    recovery = recovery_for_app(sender.app) if sender is not None else None
-    if recovery is None or request is None:
+    context = context_for_app(sender.app) if sender is not None else None
+    if context is None or request is None:
         return
     expected: tuple[TaskState, ...] = (TaskState.QUEUED, TaskState.RUNNING)
     if expired:
@@ -234,7 +234,7 @@ def on_revoked(
     else:
         reason = "revoked"
     now = utcnow()
-    recovery.runtime.write(
+    context.runtime.write(
         "transition",
         Transition(
             request.id,

@@ -19,8 +19,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
-from ..errors import StoreSchemaError
-from ..urls import mask_url
+from celery_recovery.core.errors import StoreSchemaError
+from celery_recovery.core.urls import mask_url
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "recovery_alembic_version"

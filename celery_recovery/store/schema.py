@@ -269,8 +269,24 @@ leases = Table(
     Column("holder", String(64)),
     Column("token", BigInteger, nullable=False, server_default=text("0")),
     Column("expires_at", UTCDateTime),
-    Column("completed_at", UTCDateTime, comment="Last time the guarded work finished"),
-    Column("report", MessageJSON, comment="What the last run of the guarded work reported"),
+)
+
+publish_claims = Table(
+    "publish_claims",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(64)),
+    Column("token", BigInteger, nullable=False, server_default=text("0")),
+    Column("expires_at", UTCDateTime),
+    Column("completed_at", UTCDateTime, comment="When the claimed work was done"),
+)
+
+checkins = Table(
+    "checkins",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("completed_at", UTCDateTime, comment="Last time the named work finished"),
+    Column("report", MessageJSON, comment="What its last run reported"),
 )
 
 audit_log = Table(

@@ -1,6 +1,6 @@
 """Recovery sweeps: zombies, orphan adoption, lost messages, dead jobs, failure callbacks."""
 
-from .context import SweepReport
-from .runner import run_sweep
+from celery_recovery.core.records import SweepReport
+from celery_recovery.sweeps.runner import run_sweep
 
 __all__ = ["SweepReport", "run_sweep"]

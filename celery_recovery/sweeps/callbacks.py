@@ -29,10 +29,11 @@ from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
 from celery.signals import task_failure
 
-from .. import metrics
-from ..audit import AuditAction, AuditReason, Decision
-from ..errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
-from .context import SweepContext
+from celery_recovery import metrics
+from celery_recovery.core.audit import AuditAction, AuditReason, Decision
+from celery_recovery.core.errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
+from celery_recovery.core.records import CallbackStep
+from celery_recovery.sweeps.context import SweepContext
 
 logger = logging.getLogger("celery_recovery.callbacks")
 
@@ -45,15 +46,12 @@ _EXCEPTIONS: dict[str, Callable[[str], BaseException]] = {
     cls.__name__: cls for cls in (TriggerFailedError, TriggerTimeoutError, WorkerLostError)
 }
 
-#: Steps a callback row may say were already taken (``payload["done"]``).
-BACKEND, SIGNAL = "result backend", "task_failure signal"
-
 
 def deliver_callbacks(ctx: SweepContext) -> None:
-    settings = ctx.recovery.settings
-    store = ctx.recovery.store
+    settings = ctx.settings
+    store = ctx.store
     lease = settings.callback_timeout * 4 + 10
-    rows = store.claim_callbacks(ctx.now, ctx.holder, lease)
+    rows = store.outbox.claim_callbacks(ctx.now, ctx.holder, lease)
     for row in rows:
         with ctx.isolated(f"callback {row['id']} of {row['task_id']}"):
             if row["attempts"] > MAX_ATTEMPTS:
@@ -64,11 +62,13 @@ def deliver_callbacks(ctx: SweepContext) -> None:
                     row["try_number"],
                     row["attempts"] - 1,
                 )
-                store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, "abandoned"))
+                store.outbox.delete_callback(row["id"], ctx.holder, _audit(ctx, row, "abandoned"))
                 metrics.callback_outcome(row["kind"], "abandoned")
                 continue
             ok = _deliver(ctx, row)
-            store.delete_callback(row["id"], ctx.holder, _audit(ctx, row, ok and "delivered"))
+            store.outbox.delete_callback(
+                row["id"], ctx.holder, _audit(ctx, row, ok and "delivered")
+            )
             if ok:
                 ctx.report.callbacks_delivered += 1
             else:
@@ -102,15 +102,15 @@ def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
     exc = named(reason) if named else LostWorkerError(reason, task_id, try_number)
     einfo = _einfo(exc)
     args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
-    task = ctx.recovery.app.tasks.get(payload.get("task_name") or "")
-    timeout = ctx.recovery.settings.callback_timeout
+    task = ctx.app.tasks.get(payload.get("task_name") or "")
+    timeout = ctx.settings.callback_timeout
     done = set(payload.get("done") or ())
     ok = True
-    if kind == "failure" and BACKEND not in done:
+    if kind == "failure" and CallbackStep.RESULT_BACKEND not in done:
         # As a worker's own failure would, the result backend learns the outcome first:
         # otherwise AsyncResult stays STARTED or PENDING and get() never returns.
         # A stored SUCCESS is never overwritten, so a late real outcome still wins.
-        backend = ctx.recovery.app.backend
+        backend = ctx.app.backend
         ok &= _run("result backend", timeout, backend.mark_as_failure, task_id, exc)
     if task is not None:
         handler = task.on_failure if kind == "failure" else task.on_retry
@@ -118,7 +118,7 @@ def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
             ok &= _run(
                 f"{task.name}.on_{kind}", timeout, handler, exc, task_id, args, kwargs, einfo
             )
-        if kind == "failure" and SIGNAL not in done:
+        if kind == "failure" and CallbackStep.FAILURE_SIGNAL not in done:
             ok &= _run(
                 "task_failure signal",
                 timeout,
@@ -131,7 +131,7 @@ def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
                 traceback=einfo.traceback,
                 einfo=einfo,
             )
-    for listener in list(ctx.recovery.failure_listeners):
+    for listener in list(ctx.context.failure_listeners):
         ok &= _run(
             getattr(listener, "__qualname__", repr(listener)),
             timeout,

@@ -5,69 +5,53 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .. import metrics
-from ..audit import AuditAction, AuditReason, Decision
-from ..errors import StoreError
-from ..states import JobType
+from celery_recovery import metrics
+from celery_recovery.core.audit import AuditAction, AuditReason, Decision
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.records import SweepReport
+from celery_recovery.core.states import JobType
 
 if TYPE_CHECKING:
-    from ..recovery import Recovery
+    from celery import Celery
+
+    from celery_recovery.context import RecoveryContext
+    from celery_recovery.core.settings import RecoverySettings
+    from celery_recovery.store import Store
 
 logger = logging.getLogger("celery_recovery.sweep")
 
 
 @dataclass
-class SweepReport:
-    """Counts of what one sweep pass found and did; ``duration`` in seconds."""
-
-    zombies: int = 0
-    #: Queued tries found reserved (received, not started) by a dead worker.
-    reserved: int = 0
-    reserved_republished: int = 0
-    republished: int = 0
-    failed: int = 0
-    adopted: int = 0
-    reconciled: int = 0
-    lost_messages: int = 0
-    lost_republished: int = 0
-    #: Overdue queued tries ended ``revoked`` (revoked, expired or purged) instead.
-    revoked: int = 0
-    dead_jobs: int = 0
-    #: Of the dead jobs, those found by their liveness markers before the threshold.
-    marker_deaths: int = 0
-    callbacks_delivered: int = 0
-    callbacks_failed: int = 0
-    deferred_timeouts: int = 0
-    unserved_triggers: int = 0
-    races_lost: int = 0
-    errors: int = 0
-    #: Seconds left in which no process is judged dead (after a gap in sweeping).
-    heartbeat_grace: float = 0.0
-    duration: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
 class SweepContext:
-    recovery: Recovery
+    context: RecoveryContext
     now: datetime
     report: SweepReport
     holder: str
 
+    @property
+    def store(self) -> Store:
+        return self.context.store
+
+    @property
+    def settings(self) -> RecoverySettings:
+        return self.context.settings
+
+    @property
+    def app(self) -> Celery:
+        return self.context.app
+
     def live_workers(self) -> dict[tuple[Any, Any], dict[str, Any]]:
         """Worker jobs beating within the zombie threshold, by (node name, pid): what the
         result backend's STARTED meta names."""
-        store = self.recovery.store
-        threshold = self.recovery.settings.zombie_threshold
+        store = self.store
+        threshold = self.settings.zombie_threshold
         return {
             (job["node_name"], job["pid"]): job
-            for job in store.live_jobs(self.now, threshold, JobType.WORKER)
+            for job in store.jobs.live_jobs(self.now, threshold, JobType.WORKER)
         }
 
     def decision(

@@ -12,8 +12,8 @@ import hashlib
 import logging
 import time
 
-from ..triggerer.outcomes import OutcomeApplier, timed_out
-from .context import SweepContext
+from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.triggerer.outcomes import OutcomeApplier, timed_out
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -23,21 +23,21 @@ _warned: dict[str, float] = {}
 
 
 def sweep_deferred(ctx: SweepContext) -> None:
-    settings = ctx.recovery.settings
-    store = ctx.recovery.store
+    settings = ctx.settings
+    store = ctx.store
     threshold = settings.health_check_threshold
     # A holder name that fits the column and cannot be a triggerer's job id.
     owner = "sweep-" + hashlib.sha1(ctx.holder.encode()).hexdigest()[:26]
-    applier = OutcomeApplier(ctx.recovery)
-    for row in store.overdue_triggers(ctx.now, threshold, threshold):
+    applier = OutcomeApplier(ctx.context)
+    for row in store.triggers.overdue_triggers(ctx.now, threshold, threshold):
         with ctx.isolated(f"overdue trigger {row['id']} of {row['task_id']}"):
-            if not store.take_triggers([row["id"]], owner, row["triggerer_id"]):
+            if not store.triggers.take_triggers([row["id"]], owner, row["triggerer_id"]):
                 ctx.report.races_lost += 1
                 continue
             row = {**row, "triggerer_id": owner}
             if applier.apply(owner, [timed_out(row)]):
                 ctx.report.deferred_timeouts += 1
-    _warn_unserved(ctx, store.waiting_queues(ctx.now, threshold))
+    _warn_unserved(ctx, store.triggers.waiting_queues(ctx.now, threshold))
 
 
 def _warn_unserved(ctx: SweepContext, waiting: dict[str, int]) -> None:

@@ -17,12 +17,12 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
-from ..timeutils import utcnow
-from .runner import SWEEP_COMPLETION, run_sweep
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.sweeps.runner import SWEEP_COMPLETION, run_sweep
 
 if TYPE_CHECKING:
-    from ..recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -34,8 +34,8 @@ MISSED_SWEEPS = 3
 class SweepFallback:
     """Called from a worker's heartbeat thread on every beat."""
 
-    def __init__(self, recovery: Recovery, holder: str) -> None:
-        self.recovery = recovery
+    def __init__(self, context: RecoveryContext, holder: str) -> None:
+        self.context = context
         self.holder = holder
         self.started = time.monotonic()
         self._next_check = 0.0
@@ -44,7 +44,7 @@ class SweepFallback:
         self._sweeping: threading.Thread | None = None
 
     def __call__(self) -> None:
-        interval = self.recovery.settings.sweep_interval
+        interval = self.context.settings.sweep_interval
         if time.monotonic() < self._next_check:
             return
         self._next_check = time.monotonic() + interval
@@ -54,10 +54,10 @@ class SweepFallback:
             logger.debug("celery-recovery: sweep fallback skipped: %s", exc)
 
     def _check(self, interval: float) -> None:
-        store = self.recovery.store
+        store = self.context.store
         now = utcnow()
         allowed = MISSED_SWEEPS * interval
-        last = store.last_completed(SWEEP_COMPLETION)
+        last = store.checkins.last_completed(SWEEP_COMPLETION)
         if self._active and last is not None and last != self._own_completion:
             # Someone else (beat back, or another fallback) finished a sweep.
             self._active = False
@@ -67,7 +67,7 @@ class SweepFallback:
             if last is None and time.monotonic() - self.started < allowed:
                 return
         # Renewed every interval: a holder that died is replaced once 3 intervals pass.
-        token = store.acquire_lease(LEASE, self.holder, now, ttl=allowed)
+        token = store.leases.acquire_lease(LEASE, self.holder, now, ttl=allowed)
         if token is None:
             self._active = False
             return
@@ -89,7 +89,7 @@ class SweepFallback:
 
     def _sweep(self) -> None:
         try:
-            run_sweep(self.recovery)
-            self._own_completion = self.recovery.store.last_completed(SWEEP_COMPLETION)
+            run_sweep(self.context)
+            self._own_completion = self.context.store.checkins.last_completed(SWEEP_COMPLETION)
         except Exception:
             logger.exception("celery-recovery: the fallback sweep failed; trying again later")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import metrics, sentry
-from ..states import JobType
-from .context import SweepContext
+from celery_recovery import metrics, sentry
+from celery_recovery.core.states import JobType
+from celery_recovery.sweeps.context import SweepContext
 
 logger = logging.getLogger("celery_recovery.sweep")
 
 
 def sweep_dead_jobs(ctx: SweepContext) -> None:
-    settings = ctx.recovery.settings
+    settings = ctx.settings
     thresholds = {
         # Worker jobs are ended by the zombie sweep together with their tries;
         # only idle ones (no running try) are left for this pass.
@@ -21,7 +21,7 @@ def sweep_dead_jobs(ctx: SweepContext) -> None:
         JobType.BEAT: settings.health_check_threshold,
         JobType.TRIGGERER: settings.health_check_threshold,
     }
-    for job in ctx.recovery.store.fail_dead_jobs(ctx.now, thresholds):
+    for job in ctx.store.jobs.fail_dead_jobs(ctx.now, thresholds):
         ctx.report.dead_jobs += 1
         report_dead_job(ctx, job, "it stopped heartbeating")
 

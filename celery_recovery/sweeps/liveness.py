@@ -22,11 +22,11 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..liveness import Verdict
-from ..liveness.job import uses_lock_marker
-from ..liveness.process import check_process
-from .context import SweepContext
-from .jobs import report_dead_job
+from celery_recovery.liveness import Verdict
+from celery_recovery.liveness.job import uses_lock_marker
+from celery_recovery.liveness.process import check_process
+from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.jobs import report_dead_job
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -37,21 +37,21 @@ CONFIRM_AFTER = 2.0
 
 
 def sweep_dead_processes(ctx: SweepContext) -> None:
-    settings = ctx.recovery.settings
+    settings = ctx.settings
     if settings.liveness_markers == "off":
         return
-    store = ctx.recovery.store
-    marked = store.marked_jobs()
+    store = ctx.store
+    marked = store.liveness.marked_jobs()
     if not marked:
         return
     check_locks = uses_lock_marker(settings) and any(j["marker_lock"] for j in marked)
-    held = store.held_marker_locks() if check_locks else set()
+    held = store.liveness.held_marker_locks() if check_locks else set()
     late_before = ctx.now - timedelta(seconds=settings.heartbeat_interval)
     confirm = timedelta(seconds=max(CONFIRM_AFTER, settings.heartbeat_interval / 2))
     for job in marked:
         with ctx.isolated(f"the liveness markers of job {job['id']}"):
             how = _judge(ctx, job, held if check_locks else None, late_before, confirm)
-            if how is not None and store.fail_job_if_silent(
+            if how is not None and store.liveness.fail_job_if_silent(
                 job["id"], job["latest_heartbeat"], ctx.now
             ):
                 ctx.report.dead_jobs += 1
@@ -73,14 +73,14 @@ def _judge(
         return "its process is gone" if late else None
     if process == Verdict.PRESENT or held is None or job["marker_lock"] is None:
         return None
-    store = ctx.recovery.store
+    store = ctx.store
     missing_since = job["marker_missing_since"]
     if job["marker_lock"] in held:
         if missing_since is not None:
-            store.note_marker_present(job["id"])
+            store.liveness.note_marker_present(job["id"])
         return None
     if missing_since is None:
-        store.note_marker_missing(job["id"], ctx.now)
+        store.liveness.note_marker_missing(job["id"], ctx.now)
         return None
     if late and ctx.now - missing_since >= confirm:
         return "its liveness lock is gone"

@@ -18,31 +18,31 @@ from typing import Any
 
 from celery import states
 
-from .. import metrics, sentry
-from ..audit import AuditAction, AuditReason
-from ..probe import UNKNOWN, Probe, never_started, probe_many
-from ..revocations import revoked_because
-from ..states import TaskState
-from .context import SweepContext
-from .resets import reset, take_backend_outcome
+from celery_recovery import metrics, sentry
+from celery_recovery.core.audit import AuditAction, AuditReason
+from celery_recovery.core.states import TaskState
+from celery_recovery.probe import UNKNOWN, Probe, never_started, probe_many
+from celery_recovery.revocations import revoked_because
+from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.resets import reset, take_backend_outcome
 
 
 def sweep_lost_messages(ctx: SweepContext) -> None:
-    settings = ctx.recovery.settings
-    lost = ctx.recovery.store.find_lost(ctx.now, settings.queued_timeout, settings.zombie_threshold)
+    settings = ctx.settings
+    lost = ctx.store.tries.find_lost(ctx.now, settings.queued_timeout, settings.zombie_threshold)
     if not lost:
         return
     live = ctx.live_workers()
     revocations: list[dict[str, Any]] | None = None
     with ctx.isolated("reading revocations"):
-        revocations = ctx.recovery.store.revocations_for(
+        revocations = ctx.store.revocations.revocations_for(
             [r["task_id"] for r in lost], min(r["queued_at"] for r in lost)
         )
     if revocations is None:
         return  # without them a revoked or purged task could be published again
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
-        seen = probe_many(ctx.recovery.app, [r["task_id"] for r in lost])
+        seen = probe_many(ctx.app, [r["task_id"] for r in lost])
     for record in lost:
         with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
             probe = seen.get(record["task_id"], Probe(UNKNOWN))
@@ -75,7 +75,7 @@ def _handle(
     if why is not None:
         return _revoke(ctx, record, why)
     ctx.report.lost_messages += 1
-    waited = int(ctx.recovery.settings.queued_timeout)
+    waited = int(ctx.settings.queued_timeout)
     since = _counted_from(record)
     publish_count = int(record.get("publish_count") or 1) + 1
     result = reset(
@@ -100,7 +100,7 @@ def _revoke(ctx: SweepContext, record: dict[str, Any], why: str) -> str:
     :mod:`celery_recovery.revocations`).
     """
     reason = f"not published again: {why}"
-    if ctx.recovery.store.reconcile_try(
+    if ctx.store.tries.reconcile_try(
         record["task_id"],
         record["try_number"],
         TaskState.QUEUED,

@@ -16,23 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import metrics
-from ..probe import UNKNOWN, Probe, never_started, probe_many
-from ..states import TaskState
-from .context import SweepContext
-from .resets import reset, take_backend_outcome
+from celery_recovery import metrics
+from celery_recovery.core.states import TaskState
+from celery_recovery.probe import UNKNOWN, Probe, never_started, probe_many
+from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.resets import reset, take_backend_outcome
 
 
 def sweep_reserved(ctx: SweepContext) -> None:
-    settings = ctx.recovery.settings
-    reserved = ctx.recovery.store.find_reserved_by_dead_jobs(ctx.now, settings.zombie_threshold)
+    settings = ctx.settings
+    reserved = ctx.store.reservations.find_reserved_by_dead_jobs(ctx.now, settings.zombie_threshold)
     if not reserved:
         return
     ctx.report.reserved += len(reserved)
     live = ctx.live_workers()
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
-        seen = probe_many(ctx.recovery.app, [r["task_id"] for r in reserved])
+        seen = probe_many(ctx.app, [r["task_id"] for r in reserved])
     for record in reserved:
         with ctx.isolated(f"reserved {record['task_id']}/{record['try_number']}"):
             action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)), live)

@@ -12,14 +12,14 @@ from typing import Any
 
 from celery import states
 
-from ..audit import AuditAction, AuditReason
-from ..probe import Probe
-from ..republish import republish
-from ..states import TaskState
-from ..store import ResetPlan
-from ..store.schema import unreadable
-from ..store.store import MESSAGE_COLUMNS
-from .context import SweepContext
+from celery_recovery.core.audit import AuditAction, AuditReason
+from celery_recovery.core.records import ResetPlan
+from celery_recovery.core.states import TaskState
+from celery_recovery.probe import Probe
+from celery_recovery.republish import republish
+from celery_recovery.store import MESSAGE_COLUMNS
+from celery_recovery.store.schema import unreadable
+from celery_recovery.sweeps.context import SweepContext
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -45,7 +45,7 @@ def take_backend_outcome(
     if outcome is None:
         return None
     reason = f"reconciled: the result backend reports {seen.state} ({why})"
-    if ctx.recovery.store.reconcile_try(
+    if ctx.store.tries.reconcile_try(
         record["task_id"],
         record["try_number"],
         expected_state,
@@ -62,7 +62,7 @@ def take_backend_outcome(
 
 
 def max_retries_of(ctx: SweepContext, task_name: str) -> int | None:
-    task = ctx.recovery.app.tasks.get(task_name)
+    task = ctx.app.tasks.get(task_name)
     if task is None:
         return CELERY_DEFAULT_MAX_RETRIES
     return task.max_retries
@@ -88,7 +88,7 @@ def reset(
         new_state, reason = TaskState.FAILED, f"{why}; {record.get('republish_error')}"
     elif count_retries and max_retries is not None and try_number > max_retries:
         new_state, reason = TaskState.FAILED, f"{why}; max_retries ({max_retries}) exceeded"
-    elif publish_count > ctx.recovery.settings.max_republish + 1:
+    elif publish_count > ctx.settings.max_republish + 1:
         new_state = TaskState.FAILED
         reason = f"{why}; published {publish_count - 1} times, never started"
     else:
@@ -118,7 +118,7 @@ def reset(
         dead_job_id=dead_job_id,
         audit=ctx.decision(_ACTION[new_state], _cause(expected_state, record), record, reason),
     )
-    won, inserted = ctx.recovery.store.apply_reset(plan, ctx.now)
+    won, inserted = ctx.store.tries.apply_reset(plan, ctx.now)
     if not won:
         ctx.report.races_lost += 1
         logger.debug("celery-recovery: try %s/%s changed meanwhile", plan.task_id, try_number)
@@ -135,7 +135,7 @@ def reset(
     if inserted:
         # After the commit: a publish failure leaves the next try queued, and the
         # lost-message sweep publishes it once it is overdue.
-        republish(ctx.recovery.app, record, try_number + 1)
+        republish(ctx.app, record, try_number + 1)
     return "republished"
 
 

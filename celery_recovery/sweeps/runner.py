@@ -11,19 +11,20 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from .. import metrics
-from ..timeutils import utcnow
-from .callbacks import deliver_callbacks
-from .context import SweepContext, SweepReport
-from .deferred import sweep_deferred
-from .jobs import sweep_dead_jobs
-from .liveness import sweep_dead_processes
-from .lost_messages import sweep_lost_messages
-from .reserved import sweep_reserved
-from .zombies import sweep_zombies
+from celery_recovery import metrics
+from celery_recovery.core.records import SweepReport
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.sweeps.callbacks import deliver_callbacks
+from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.deferred import sweep_deferred
+from celery_recovery.sweeps.jobs import sweep_dead_jobs
+from celery_recovery.sweeps.liveness import sweep_dead_processes
+from celery_recovery.sweeps.lost_messages import sweep_lost_messages
+from celery_recovery.sweeps.reserved import sweep_reserved
+from celery_recovery.sweeps.zombies import sweep_zombies
 
 if TYPE_CHECKING:
-    from ..recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -48,12 +49,12 @@ STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
 )
 
 
-def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
+def run_sweep(context: RecoveryContext, now: datetime | None = None) -> SweepReport:
     """Run every sweep step once; never raises because of data or a store error."""
     started = time.perf_counter()
     report = SweepReport()
     holder = f"{socket.gethostname()}:{os.getpid()}"
-    ctx = SweepContext(recovery, now or utcnow(), report, holder)
+    ctx = SweepContext(context, now or utcnow(), report, holder)
     with ctx.isolated("checking for a gap in sweeping"):
         report.heartbeat_grace = _heartbeat_grace(ctx)
     for name, step in STEPS:
@@ -63,9 +64,9 @@ def run_sweep(recovery: Recovery, now: datetime | None = None) -> SweepReport:
             step(ctx)
     report.duration = time.perf_counter() - started
     with ctx.isolated("recording the sweep's completion"):
-        recovery.store.mark_completed(SWEEP_COMPLETION, utcnow(), report.as_dict())
+        context.store.checkins.mark_completed(SWEEP_COMPLETION, utcnow(), report.as_dict())
     with ctx.isolated("reading the gauges of metrics"):
-        metrics.refresh_gauges(recovery.store, ctx.now)
+        metrics.refresh_gauges(context.store, ctx.now)
     report.duration = time.perf_counter() - started
     metrics.sweep_finished(report)
     found = report.zombies + report.reserved + report.lost_messages + report.dead_jobs
@@ -85,20 +86,20 @@ def _heartbeat_grace(ctx: SweepContext) -> float:
     every interval even during an outage), in which every live process that
     reaches the store beats again; those still silent after it are dead.
     """
-    store = ctx.recovery.store
-    settings = ctx.recovery.settings
+    store = ctx.store
+    settings = ctx.settings
     # Wall-clock time, like the completions it is compared with (a caller may
     # sweep "as of" another time).
     now = utcnow()
-    grace_until = store.last_completed(HEARTBEAT_GRACE)
+    grace_until = store.checkins.last_completed(HEARTBEAT_GRACE)
     if grace_until is not None and now < grace_until:
         return (grace_until - now).total_seconds()
-    last = store.last_completed(SWEEP_COMPLETION)
+    last = store.checkins.last_completed(SWEEP_COMPLETION)
     if last is None or (now - last).total_seconds() <= settings.zombie_threshold:
         return 0.0
     grace = 2 * settings.heartbeat_interval
     grace_until = now + timedelta(seconds=grace)
-    store.mark_completed(HEARTBEAT_GRACE, grace_until)
+    store.checkins.mark_completed(HEARTBEAT_GRACE, grace_until)
     logger.warning(
         "celery-recovery: no sweep finished for %.0fs (the store was down, or nothing swept); "
         "no process is judged dead from its heartbeat until %s, so live ones can beat again",

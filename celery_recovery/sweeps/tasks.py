@@ -4,22 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import sentry
+from celery_recovery import sentry
+from celery_recovery.sweeps.runner import run_sweep
 
 if TYPE_CHECKING:
-    from ..recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 SWEEP_TASK = "celery_recovery.sweep"
 
 
-def register_sweep_task(recovery: Recovery) -> None:
-    app = recovery.app
+def register_sweep_task(context: RecoveryContext) -> None:
+    app = context.app
 
     @app.task(name=SWEEP_TASK, shared=False, ignore_result=True)
     def sweep() -> dict[str, Any]:
         """One recovery pass (celery-recovery); scheduled by beat."""
-        report = recovery.sweep()
+        report = run_sweep(context)
         # Only scheduled sweeps check in: the workers' fallback sweep must not
         # hide a stopped beat from the cron monitor.
-        sentry.sweep_checkin(recovery.settings, report)
+        sentry.sweep_checkin(context.settings, report)
         return report.as_dict()

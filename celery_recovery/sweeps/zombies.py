@@ -15,27 +15,27 @@ from typing import Any
 
 from celery import states
 
-from .. import metrics, sentry
-from ..audit import AuditAction, AuditReason
-from ..probe import UNKNOWN, Probe, probe_many
-from ..states import TaskState
-from .context import SweepContext
-from .resets import reset, take_backend_outcome
+from celery_recovery import metrics, sentry
+from celery_recovery.core.audit import AuditAction, AuditReason
+from celery_recovery.core.states import TaskState
+from celery_recovery.probe import UNKNOWN, Probe, probe_many
+from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.resets import reset, take_backend_outcome
 
 logger = logging.getLogger("celery_recovery.sweep")
 
 
 def sweep_zombies(ctx: SweepContext) -> None:
-    settings = ctx.recovery.settings
-    store = ctx.recovery.store
-    zombies = store.find_zombies(ctx.now, settings.zombie_threshold)
+    settings = ctx.settings
+    store = ctx.store
+    zombies = store.tries.find_zombies(ctx.now, settings.zombie_threshold)
     if not zombies:
         return
     ctx.report.zombies += len(zombies)
     live = ctx.live_workers()
     seen: dict[str, Probe] = {}
     with ctx.isolated("probing the result backend"):
-        seen = probe_many(ctx.recovery.app, [z["task_id"] for z in zombies])
+        seen = probe_many(ctx.app, [z["task_id"] for z in zombies])
     for zombie in zombies:
         with ctx.isolated(f"zombie {zombie['task_id']}/{zombie['try_number']}"):
             action = _handle(ctx, zombie, seen.get(zombie["task_id"], Probe(UNKNOWN)), live)
@@ -49,7 +49,7 @@ def _handle(
     ctx: SweepContext, zombie: dict[str, Any], seen: Probe, live: dict[tuple, dict]
 ) -> str | None:
     """Decide on one zombie; returns what was done (an action, ``"lost race"``) or None."""
-    store = ctx.recovery.store
+    store = ctx.store
     task_id, try_number, job_id = zombie["task_id"], zombie["try_number"], zombie["job_id"]
     if seen.state == UNKNOWN:
         # Resetting blind could run a finished task again; try on the next pass.
@@ -60,7 +60,7 @@ def _handle(
         return taken
     if seen.state == states.RETRY:
         reason = "reconciled: the worker had retried it before it was lost"
-        if store.reconcile_try(
+        if store.tries.reconcile_try(
             task_id,
             try_number,
             TaskState.RUNNING,
@@ -78,13 +78,15 @@ def _handle(
         # Celery stores STARTED before a task's before_start, so the STARTED may come
         # from a delivery that was then dropped as stale: adopt with a deadline, which
         # the adopter's own claim of the try cancels; otherwise it is reset then.
-        until = ctx.now + timedelta(seconds=ctx.recovery.settings.adoption_timeout)
+        until = ctx.now + timedelta(seconds=ctx.settings.adoption_timeout)
         reason = (
             f"adopted by live job {owner['id']} ({seen.hostname}, pid {seen.pid}) "
             f"until {until.isoformat()}"
         )
         audit = ctx.decision(AuditAction.ADOPTED, AuditReason.WORKER_LOST, zombie, reason)
-        if store.adopt_try(task_id, try_number, job_id, owner["id"], reason, ctx.now, until, audit):
+        if store.tries.adopt_try(
+            task_id, try_number, job_id, owner["id"], reason, ctx.now, until, audit
+        ):
             ctx.report.adopted += 1
             return "adopted"
         return None

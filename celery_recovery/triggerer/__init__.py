@@ -1,5 +1,5 @@
 """The triggerer: runs deferred tasks' triggers on one asyncio loop per process."""
 
-from .runner import Triggerer
+from celery_recovery.triggerer.runner import Triggerer
 
 __all__ = ["Triggerer"]

@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from celery import states
 
-from .. import metrics
-from ..audit import AuditAction, AuditReason, Decision
-from ..deferral import RESUME_HEADER, resume_header
-from ..errors import DeferralError, TriggerFailedError, TriggerTimeoutError
-from ..republish import republish
-from ..store.trigger_ops import FAILURE, RESUME, SUCCESS, Finish, Firing
-from ..timeutils import utcnow
-from ..triggers.base import TaskFailedEvent, TaskSuccessEvent, TriggerEvent
-from ..triggers.loading import check_json
+from celery_recovery import metrics
+from celery_recovery.core.audit import AuditAction, AuditReason, Decision
+from celery_recovery.core.errors import DeferralError, TriggerFailedError, TriggerTimeoutError
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.deferral import RESUME_HEADER, resume_header
+from celery_recovery.republish import republish
+from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing
+from celery_recovery.triggers.base import TaskFailedEvent, TaskSuccessEvent, TriggerEvent
+from celery_recovery.triggers.loading import check_json
 
 if TYPE_CHECKING:
-    from ..recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.triggerer")
 
@@ -101,20 +101,20 @@ def stored(row: dict[str, Any]) -> Outcome:
 class OutcomeApplier:
     """Fires, carries out and finishes batches of outcomes for one triggerer."""
 
-    def __init__(self, recovery: Recovery) -> None:
-        self.recovery = recovery
-        self.store = recovery.store
+    def __init__(self, context: RecoveryContext) -> None:
+        self.context = context
+        self.store = context.store
 
     def apply(self, owner: str, outcomes: list[Outcome]) -> set[int]:
         """Apply a batch; returns the ids of the triggers finished.
 
-        Raises :class:`~celery_recovery.errors.StoreError`; applying the same
+        Raises :class:`~celery_recovery.core.errors.StoreError`; applying the same
         batch again is safe (a fired row keeps its first event).
         """
         if not outcomes:
             return set()
         firings = [self._firing(o) for o in outcomes]
-        decided, to_publish = self.store.fire_triggers(owner, firings, utcnow())
+        decided, to_publish = self.store.triggers.fire_triggers(owner, firings, utcnow())
         done: list[Finish] = []
         retry_later: list[int] = []
         for outcome in outcomes:
@@ -126,11 +126,11 @@ class OutcomeApplier:
                 done.append(self._finish(outcome))
             else:
                 retry_later.append(outcome.trigger_id)
-        self.store.finish_triggers(owner, done, utcnow())
+        self.store.triggers.finish_triggers(owner, done, utcnow())
         if retry_later:
             # Fired but not carried out (result backend down): any triggerer,
             # this one included, finishes them from the stored event later.
-            self.store.release_triggers(owner, retry_later)
+            self.store.triggers.release_triggers(owner, retry_later)
         for finish in done:
             metrics.trigger_event(_metric_kind(finish))
         return {f.trigger_id for f in done}
@@ -155,7 +155,7 @@ class OutcomeApplier:
     def _carry_out(self, outcome: Outcome, record: dict[str, Any] | None) -> bool:
         """The event's effect outside the store; False to try again later."""
         row = outcome.row
-        app = self.recovery.app
+        app = self.context.app
         task_id = row["task_id"]
         try:
             if outcome.kind == RESUME:

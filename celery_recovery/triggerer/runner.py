@@ -22,16 +22,24 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import metrics, sentry
-from ..errors import StoreError
-from ..states import JobState, JobType
-from ..timeutils import utcnow
-from ..triggers.loading import TriggerLoadError, allowed_prefixes, load_trigger
-from .outcomes import Outcome, OutcomeApplier, crashed, failure, from_event, stored, timed_out
-from .watchdog import LoopWatchdog
+from celery_recovery import metrics, sentry
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.states import JobState, JobType
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.triggerer.outcomes import (
+    Outcome,
+    OutcomeApplier,
+    crashed,
+    failure,
+    from_event,
+    stored,
+    timed_out,
+)
+from celery_recovery.triggerer.watchdog import LoopWatchdog
+from celery_recovery.triggers.loading import TriggerLoadError, allowed_prefixes, load_trigger
 
 if TYPE_CHECKING:
-    from ..recovery import Recovery
+    from celery_recovery.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.triggerer")
 
@@ -52,20 +60,20 @@ class Triggerer:
 
     def __init__(
         self,
-        recovery: Recovery,
+        context: RecoveryContext,
         queues: Sequence[str] = ("default",),
         capacity: int | None = None,
         poll_interval: float = POLL_INTERVAL,
         metrics_port: int | None = None,
     ) -> None:
-        self.recovery = recovery
-        self.app = recovery.app
+        self.context = context
+        self.app = context.app
         self.queues = tuple(queues)
-        self.capacity = capacity or recovery.settings.triggerer_capacity
+        self.capacity = capacity or context.settings.triggerer_capacity
         self.poll_interval = poll_interval
         self.metrics_port = metrics_port
-        self.applier = OutcomeApplier(recovery)
-        self.prefixes = allowed_prefixes(self.app, recovery.settings.trigger_allowed_modules)
+        self.applier = OutcomeApplier(context)
+        self.prefixes = allowed_prefixes(self.app, context.settings.trigger_allowed_modules)
         self.running: dict[int, asyncio.Task[None]] = {}
         self._events: asyncio.Queue[Outcome] = asyncio.Queue()
         self._unrecorded: list[Outcome] = []
@@ -90,7 +98,7 @@ class Triggerer:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 self._loop.add_signal_handler(signum, self._stopping.set)
-        runtime = self.recovery.runtime
+        runtime = self.context.runtime
         runtime.start_job(JobType.TRIGGERER, queues=",".join(self.queues))
         logger.info(
             "celery-recovery: triggerer job %s serving queues %s, capacity %d",
@@ -98,7 +106,7 @@ class Triggerer:
             ",".join(self.queues),
             self.capacity,
         )
-        settings = self.recovery.settings
+        settings = self.context.settings
         if self.metrics_port or settings.metrics_port:
             metrics.serve(self.metrics_port or settings.metrics_port)
         self.watchdog = LoopWatchdog(
@@ -132,10 +140,12 @@ class Triggerer:
         recorder.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await recorder
-        owner = self.recovery.runtime.job_id
+        owner = self.context.runtime.job_id
         if owner is not None:
             try:
-                released = await asyncio.to_thread(self.recovery.store.release_triggers, owner)
+                released = await asyncio.to_thread(
+                    self.context.store.triggers.release_triggers, owner
+                )
                 logger.info("celery-recovery: triggerer released %d triggers", released)
             except StoreError as exc:
                 logger.warning(
@@ -145,37 +155,37 @@ class Triggerer:
                 )
         if owner is not None:
             metrics.triggerer_stopped(owner)
-        await asyncio.to_thread(self.recovery.runtime.stop_job, JobState.SUCCESS)
+        await asyncio.to_thread(self.context.runtime.stop_job, JobState.SUCCESS)
 
     def _report(self) -> None:
-        owner = self.recovery.runtime.job_id
+        owner = self.context.runtime.job_id
         if owner is not None:
             metrics.triggers_running(owner, len(self.running))
-        sentry.triggerer_checkin(self.recovery.settings)
+        sentry.triggerer_checkin(self.context.settings)
 
     # -- claiming --------------------------------------------------------------
 
     async def _claim_round(self) -> bool:
         """Drop triggers taken by others, claim new ones; True when a claim came back full."""
-        runtime = self.recovery.runtime
+        runtime = self.context.runtime
         heartbeat = runtime.heartbeat
         owner = runtime.job_id
         if heartbeat is None or not heartbeat.registered or owner is None:
             return False  # not a known job yet: others could not tell we are alive
-        store = self.recovery.store
+        store = self.context.store
         try:
-            held = await asyncio.to_thread(store.held_trigger_ids, owner)
+            held = await asyncio.to_thread(store.triggers.held_trigger_ids, owner)
             self._drop_lost(held)
             free = min(self.capacity - len(self.running), CLAIM_BATCH)
             if free <= 0 or self._stopping is None or self._stopping.is_set():
                 return False
             rows = await asyncio.to_thread(
-                store.claim_triggers,
+                store.triggers.claim_triggers,
                 owner,
                 self.queues,
                 free,
                 utcnow(),
-                self.recovery.settings.health_check_threshold,
+                self.context.settings.health_check_threshold,
             )
         except StoreError as exc:
             runtime.health.record_failure(exc, "claiming triggers")
@@ -258,11 +268,11 @@ class Triggerer:
                 batch = [await self._events.get()]
             while len(batch) < EVENT_BATCH and not self._events.empty():
                 batch.append(self._events.get_nowait())
-            owner = self.recovery.runtime.job_id
+            owner = self.context.runtime.job_id
             try:
                 await asyncio.to_thread(self.applier.apply, owner or "", batch)
             except StoreError as exc:
-                self.recovery.runtime.health.record_failure(exc, "recording trigger events")
+                self.context.runtime.health.record_failure(exc, "recording trigger events")
                 # Kept in memory and recorded again later; a fired row keeps its first event.
                 self._unrecorded = batch
                 await asyncio.sleep(self.poll_interval)

@@ -1,8 +1,13 @@
 """Triggers: what a deferred task waits for, run by the triggerer's asyncio loop."""
 
-from .base import BaseTrigger, TaskFailedEvent, TaskSuccessEvent, TriggerEvent
-from .results import TaskResultTrigger
-from .temporal import DateTimeTrigger, TimeDeltaTrigger
+from celery_recovery.triggers.base import (
+    BaseTrigger,
+    TaskFailedEvent,
+    TaskSuccessEvent,
+    TriggerEvent,
+)
+from celery_recovery.triggers.results import TaskResultTrigger
+from celery_recovery.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 
 __all__ = [
     "BaseTrigger",

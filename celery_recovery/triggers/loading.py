@@ -12,8 +12,8 @@ import importlib
 import json
 from typing import Any
 
-from ..errors import DeferralError
-from .base import BaseTrigger
+from celery_recovery.core.errors import DeferralError
+from celery_recovery.triggers.base import BaseTrigger
 
 #: Always allowed: the built-in triggers.
 BUILTIN_PREFIX = "celery_recovery"

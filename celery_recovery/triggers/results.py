@@ -8,7 +8,14 @@ from typing import Any
 
 from celery import states
 
-from .base import BaseTrigger, Event, TaskFailedEvent, TaskSuccessEvent, TriggerEvent, classpath_of
+from celery_recovery.triggers.base import (
+    BaseTrigger,
+    Event,
+    TaskFailedEvent,
+    TaskSuccessEvent,
+    TriggerEvent,
+    classpath_of,
+)
 
 
 class TaskResultTrigger(BaseTrigger):

@@ -7,8 +7,14 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..timeutils import as_utc, utcnow
-from .base import BaseTrigger, Event, TaskSuccessEvent, TriggerEvent, classpath_of
+from celery_recovery.core.timeutils import as_utc, utcnow
+from celery_recovery.triggers.base import (
+    BaseTrigger,
+    Event,
+    TaskSuccessEvent,
+    TriggerEvent,
+    classpath_of,
+)
 
 #: Longest single sleep, so a clock change is noticed within this many seconds.
 _MAX_SLEEP = 60.0

@@ -22,15 +22,15 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..audit import AuditAction, AuditReason
-from ..errors import StoreError
-from ..settings import RecoverySettings
-from ..states import JobState, JobType
-from ..timeutils import utcnow
-from . import chart
-from .queries import ConsoleQueries, Page
-from .readonly import ReadOnlyStore
-from .security import Access, SecurityMiddleware
+from celery_recovery.core.audit import AuditAction, AuditReason
+from celery_recovery.core.errors import StoreError
+from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.core.states import JobState, JobType
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.web import chart
+from celery_recovery.web.queries import ConsoleQueries, Page
+from celery_recovery.web.readonly import ReadOnlyStore
+from celery_recovery.web.security import Access, SecurityMiddleware
 
 HERE = Path(__file__).parent
 #: Seconds between two reloads of a page when auto-refresh is on.
@@ -135,7 +135,7 @@ def create_app(
 
 def secured(app: Starlette, settings: RecoverySettings, host: str) -> SecurityMiddleware:
     """``app`` behind authentication and security headers; refuses an exposed bind without
-    a secret (raises :class:`~celery_recovery.errors.ConfigurationError`)."""
+    a secret (raises :class:`~celery_recovery.core.errors.ConfigurationError`)."""
     access = Access(settings.web_token, settings.web_credentials)
     access.check_bind(host)
     return SecurityMiddleware(app, access)
@@ -198,8 +198,8 @@ def _listing(query: Callable[..., Page], request: Request, *filters: str) -> dic
 def _locks(console: Console) -> dict[str, Any]:
     if not console.redis_url:
         return {"rows": [], "redis": None, "error": "no Redis configured (recovery_redis_url)"}
-    from ..locks.inspect import held_locks
-    from ..urls import mask_url
+    from celery_recovery.core.urls import mask_url
+    from celery_recovery.locks.inspect import held_locks
 
     read = console.locks_reader or held_locks
     try:

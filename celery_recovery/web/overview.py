@@ -13,15 +13,23 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ..audit import RECOVERY_ACTIONS
-from ..settings import RecoverySettings
-from ..states import JobState, JobType, TaskState
-from ..store.schema import audit_log, callbacks, jobs, leases, task_records, triggers
-from .readonly import ReadOnlyStore, fetch_rows
+from celery_recovery.core.audit import RECOVERY_ACTIONS
+from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.core.states import JobState, JobType, TaskState
+from celery_recovery.store.schema import (
+    audit_log,
+    callbacks,
+    checkins,
+    jobs,
+    leases,
+    task_records,
+    triggers,
+)
+from celery_recovery.web.readonly import ReadOnlyStore, fetch_rows
 
 #: Live jobs listed per type on the overview.
 OVERVIEW_JOBS = 200
-#: Name of the sweep's completion row in ``leases`` (see sweeps/runner.py).
+#: Name of the sweep's row in ``checkins`` (see sweeps/runner.py).
 SWEEP_COMPLETION = "sweep"
 
 
@@ -50,6 +58,9 @@ class OverviewQueries:
         with self.store.reading() as conn:
             running_jobs = [dict(r) for r in conn.execute(live).mappings()]
             leased = fetch_rows(conn, select(leases).order_by(leases.c.name).limit(100))
+            checked_in = fetch_rows(
+                conn, select(checkins).where(checkins.c.name == SWEEP_COMPLETION).limit(1)
+            )
             counts = {
                 "running": conn.execute(
                     count_tries.where(task_records.c.state == TaskState.RUNNING.value)
@@ -79,11 +90,11 @@ class OverviewQueries:
             threshold = self.threshold(job["job_type"])
             job.update(heartbeat_age=round(age, 1), threshold=threshold, late=age > threshold)
             by_type.setdefault(job["job_type"], []).append(job)
-        sweep = next((row for row in leased if row["name"] == SWEEP_COMPLETION), {})
+        sweep = checked_in[0] if checked_in else {}
         completed, report = sweep.get("completed_at"), sweep.get("report")
         # Who sweeps: beat (its job above), or a worker's fallback holding its lease.
         sweepers = [
-            {k: row[k] for k in ("name", "holder", "expires_at", "completed_at")}
+            {k: row[k] for k in ("name", "holder", "expires_at")}
             for row in leased
             if row["holder"] and row["expires_at"] and row["expires_at"] > now
         ]

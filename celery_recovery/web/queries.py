@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy import select, tuple_
 
-from ..settings import RecoverySettings
-from ..store.schema import audit_log, callbacks, jobs, task_records, triggers
-from .overview import OverviewQueries
-from .readonly import ReadOnlyStore, fetch_rows
+from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.store.schema import audit_log, callbacks, jobs, task_records, triggers
+from celery_recovery.web.overview import OverviewQueries
+from celery_recovery.web.readonly import ReadOnlyStore, fetch_rows
 
 #: Rows per page unless ``limit`` says otherwise, and the most a page may ask for.
 PAGE_SIZE = 50

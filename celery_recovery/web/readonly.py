@@ -16,8 +16,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine, create_engine, make_url
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from ..errors import StoreError, StoreSchemaError, StoreUnavailableError
-from ..urls import mask_secrets, mask_url
+from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
+from celery_recovery.core.urls import mask_secrets, mask_url
 
 #: Milliseconds one console query may take on PostgreSQL before it is cancelled.
 STATEMENT_TIMEOUT_MS = 5_000

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..errors import ConfigurationError
+from celery_recovery.core.errors import ConfigurationError
 
 #: Cookie that keeps a token given once as ``?token=`` (so links need not carry it).
 TOKEN_COOKIE = "celery_recovery_token"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import ConfigurationError
-from ..settings import RecoverySettings
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.settings import RecoverySettings
 
 #: Port the console listens on unless ``--port`` says otherwise.
 DEFAULT_PORT = 9809
@@ -18,7 +18,7 @@ _MISSING = "the console needs its extra: pip install 'celery-recovery[web]'"
 def build(settings: RecoverySettings, bind: str, show_args: bool) -> object:
     """The secured ASGI app; raises ConfigurationError when it must not be served."""
     try:
-        from .app import create_app, secured
+        from celery_recovery.web.app import create_app, secured
     except ImportError as exc:  # starlette, jinja2 missing
         raise ConfigurationError(f"{_MISSING} ({exc})") from None
     app = create_app(settings, show_args=show_args)

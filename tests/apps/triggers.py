@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from celery_recovery import BaseTrigger, TaskSuccessEvent, TriggerEvent
-from celery_recovery.timeutils import as_utc, utcnow
+from celery_recovery.core.timeutils import as_utc, utcnow
 
 
 class Sleep(BaseTrigger):

@@ -94,17 +94,17 @@ def _write_report(recovery: dict[str, Any] | None) -> None:
 
 def _after_the_run(recovery: Any) -> dict[str, Any]:
     """The store after the run, and what a sweep past the queued timeout would re-publish."""
-    from celery_recovery.timeutils import utcnow
+    from celery_recovery.core.timeutils import utcnow
 
     store = recovery.store
     recovery.flush()
-    tries = store.list_tries(limit=100000)
+    tries = store.tries.list_tries(limit=100000)
     states = Counter(str(t["state"]) for t in tries)
     later = utcnow() + timedelta(seconds=recovery.settings.queued_timeout + 1)
     report = recovery.sweep(now=later)
     republished = [
         f"{t['task_name']}[{t['task_id']}] try {t['try_number']}"
-        for t in store.list_tries(limit=100000)
+        for t in store.tries.list_tries(limit=100000)
         if t["try_number"] > 1 and str(t["state"]) == "queued" and t["queued_at"] >= later
     ]
     return {

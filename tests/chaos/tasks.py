@@ -22,7 +22,7 @@ import psycopg
 from celery import Celery, Task
 
 from celery_recovery import Recovery, TimeDeltaTrigger, current_fencing_token, defer, recoverable
-from celery_recovery.errors import LostWorkerError
+from celery_recovery.core.errors import LostWorkerError
 from tests.apps.lifecycle import create_app
 
 #: Retries every chaos task allows (so at most 4 tries).

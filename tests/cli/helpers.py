@@ -10,9 +10,9 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from celery_recovery.cli import recovery
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import Store
 from celery_recovery.store.schema import triggers
-from celery_recovery.timeutils import utcnow
 
 
 def run(url: str, *args: str, input: str | None = None, color: bool = False) -> Result:
@@ -39,7 +39,7 @@ def add_job(
 ) -> str:
     now = now or utcnow()
     job_id = uuid.uuid4().hex
-    store.add_job(
+    store.jobs.add_job(
         {
             "id": job_id,
             "job_type": job_type,
@@ -68,7 +68,7 @@ def add_try(
 ) -> str:
     now = now or utcnow()
     task_id = task_id or uuid.uuid4().hex
-    store.record_queued(
+    store.tries.record_queued(
         [
             {
                 "task_id": task_id,

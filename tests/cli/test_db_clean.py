@@ -11,7 +11,8 @@ from celery import Celery
 from sqlalchemy import create_engine, func, select, text
 
 from celery_recovery import Recovery
-from celery_recovery.audit import AuditAction, AuditReason, Decision
+from celery_recovery.core.audit import AuditAction, AuditReason, Decision
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.retention import CLEAN_TASK
 from celery_recovery.store.schema import (
     audit_log,
@@ -21,7 +22,6 @@ from celery_recovery.store.schema import (
     task_records,
     triggers,
 )
-from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job, add_trigger, add_try, run
 
 DAY = 86400.0
@@ -100,7 +100,7 @@ def history(store):
     queued = add_try(store, "queued")
     keep.add(queued)
     at = utcnow()
-    store.record_reservations(
+    store.reservations.record_reservations(
         [
             (queued, 1, "some-job", at - timedelta(seconds=old)),
             (finished, 1, "some-job", at - timedelta(seconds=old)),
@@ -110,7 +110,7 @@ def history(store):
     callbacks_keep = {add_callback(store, recent), add_callback(store, old, claimed_for=60)}
     # Revocations: only overdue queued tries consult them, long decided after 30 days.
     long_ago, lately = utcnow() - timedelta(seconds=old), utcnow() - timedelta(seconds=recent)
-    store.record_revocations(
+    store.revocations.record_revocations(
         [
             {"kind": "task", "task_id": "revoked-long-ago", "created_at": long_ago},
             {"kind": "purge", "queue": "q", "created_at": long_ago},

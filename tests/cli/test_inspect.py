@@ -199,7 +199,11 @@ def test_inspect_zombies_right_after_a_real_kill(store, start_worker, client_app
     worker = start_worker(concurrency=1)
     result = client_app.send_task("lifecycle.sleep_for", (30,))
     wait_for(
-        lambda: store.tries(result.id)[0]["state"] == "running" if store.tries(result.id) else 0
+        lambda: (
+            store.tries.history(result.id)[0]["state"] == "running"
+            if store.tries.history(result.id)
+            else 0
+        )
     )
     worker.kill()
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from celery_recovery.errors import ConfigurationError
+from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.retention import check_tables, parse_cutoff
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from celery_recovery import TaskState
-from celery_recovery.errors import StoreUnavailableError
+from celery_recovery.core.errors import StoreUnavailableError
 from tests.sweeps.helpers import sweep_until
 from tests.workers import WorkerProcess, wait_for
 
@@ -57,7 +57,7 @@ def final_states(store: Any, task_ids: list[str]) -> dict[str, str]:
     states = {}
     for task_id in task_ids:
         try:
-            tries = store.tries(task_id)
+            tries = store.tries.history(task_id)
         except StoreUnavailableError:
             # The pool does not ping: after a restart, each stale connection fails once.
             tries = [{"state": "unreadable"}]
@@ -87,7 +87,7 @@ def wait_all_succeeded(
             sweep_until(sweep_app, done, timeout, "every task's record to be final")
     except AssertionError:
         history = {
-            t: [(r["try_number"], r["state"], r["state_reason"]) for r in store.tries(t)]
+            t: [(r["try_number"], r["state"], r["state_reason"]) for r in store.tries.history(t)]
             for t in pending[:5]
         }
         raise AssertionError(f"{len(pending)} not final: {history}") from None
@@ -100,10 +100,10 @@ def worker_running(store: Any, task_id: str, workers: list[WorkerProcess]) -> Wo
     def find() -> WorkerProcess | None:
         if final_states(store, [task_id])[task_id] != TaskState.RUNNING:
             return None
-        running = [t for t in store.tries(task_id) if t["state"] == TaskState.RUNNING]
+        running = [t for t in store.tries.history(task_id) if t["state"] == TaskState.RUNNING]
         if not running or running[-1]["job_id"] is None:
             return None
-        job = store.get_job(running[-1]["job_id"])
+        job = store.jobs.get_job(running[-1]["job_id"])
         node = (job or {}).get("node_name") or ""
         return next((w for w in workers if node.startswith(f"{w.name}@")), None)
 

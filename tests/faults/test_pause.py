@@ -32,7 +32,7 @@ def try_delivered(store, task_id: str, try_number: int) -> bool:
     return any(
         t["try_number"] == try_number
         and (t["state"] != "queued" or (t["state_reason"] or "").startswith("postponed"))
-        for t in store.tries(task_id)
+        for t in store.tries.history(task_id)
     )
 
 
@@ -43,13 +43,13 @@ def test_paused_worker_is_recovered_and_its_late_outcome_does_not_overwrite(
     store = Store(pg_url)
     workers = [start_worker(store_url=pg_url, name=f"w{i}", concurrency=1) for i in (1, 2)]
     # Each worker's main process and its pool process.
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 4, what="the workers' jobs")
+    wait_for(lambda: len(store.jobs.list_jobs(JobType.WORKER)) == 4, what="the workers' jobs")
     ledger = tmp_path / "ledger"
     # The first try sleeps 6 s; its lease (lock_ttl 10 s) outlives the pause.
     result = client.send_task("lifecycle.charge", (str(ledger), "p1", 6))
     paused = worker_running(store, result.id, workers)
-    first = store.tries(result.id)[0]
-    paused_pid = store.get_job(first["job_id"])["pid"]
+    first = store.tries.history(result.id)[0]
+    paused_pid = store.jobs.get_job(first["job_id"])["pid"]
 
     os.killpg(paused.proc.pid, signal.SIGSTOP)
     stopped = time.monotonic()
@@ -61,7 +61,7 @@ def test_paused_worker_is_recovered_and_its_late_outcome_does_not_overwrite(
     finally:
         os.killpg(paused.proc.pid, signal.SIGCONT)
     assert recovered_after <= ZOMBIE + SWEEP + 5, recovered_after
-    assert store.get_job(first["job_id"])["state"] == JobState.FAILED
+    assert store.jobs.get_job(first["job_id"])["state"] == JobState.FAILED
 
     # The new try finds the key still held by the paused attempt and waits for it;
     # the paused attempt finishes and the new try returns its stored result.
@@ -70,7 +70,7 @@ def test_paused_worker_is_recovered_and_its_late_outcome_does_not_overwrite(
     assert count(ledger, "run p1") == 1, ledger_lines(ledger)
 
     def settled():
-        tries = store.tries(result.id)
+        tries = store.tries.history(result.id)
         return tries[0]["late_state"] and tries[-1]["state"] == TaskState.SUCCESS and tries
 
     tries = wait_for(settled, 15, what="the late outcome and the final try")
@@ -84,7 +84,7 @@ def test_paused_worker_is_recovered_and_its_late_outcome_does_not_overwrite(
     def new_job():
         return [
             j
-            for j in store.list_jobs(JobType.WORKER)
+            for j in store.jobs.list_jobs(JobType.WORKER)
             if j["pid"] == paused_pid and j["state"] == JobState.RUNNING
         ]
 

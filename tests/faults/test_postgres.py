@@ -49,7 +49,7 @@ def test_store_fault_mid_run_loses_nothing_and_recovery_resumes(
     store = Store(fault_pg_url)
     workers = [start_worker(store_url=fault_pg_url, name=f"w{i}") for i in (1, 2)]
     # Each worker's main process and two pool processes.
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 6, what="the workers' jobs")
+    wait_for(lambda: len(store.jobs.list_jobs(JobType.WORKER)) == 6, what="the workers' jobs")
 
     with TaskStream(client) as stream:
         stream.wait_completed(20, 20, "tasks before the fault")
@@ -71,7 +71,7 @@ def test_store_fault_mid_run_loses_nothing_and_recovery_resumes(
     assert result.get(timeout=30) == 4
     assert count(ledger, "done") == 1, ledger_lines(ledger)
     tries = wait_for(
-        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        lambda: (t := store.tries.history(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
         10,
         what="the recovered try to succeed",
     )

@@ -37,7 +37,7 @@ def test_redis_restart_mid_run_loses_nothing_and_charges_once(
     for i in (1, 2):
         start_worker(store_url=pg_url, name=f"w{i}")
     # Each worker's main process and two pool processes.
-    wait_for(lambda: len(store.list_jobs(JobType.WORKER)) == 6, what="the workers' jobs")
+    wait_for(lambda: len(store.jobs.list_jobs(JobType.WORKER)) == 6, what="the workers' jobs")
     ledger = tmp_path / "ledger"
     charge = client.send_task("lifecycle.charge", (str(ledger), "o1", 3))
     wait_for(lambda: count(ledger, "run o1"), 15, what="the charge to start")
@@ -51,7 +51,7 @@ def test_redis_restart_mid_run_loses_nothing_and_charges_once(
     # A message a worker had fetched but not acknowledged when its connection broke
     # waits in Redis's unacked hash for the visibility timeout (an hour): the
     # lost-message sweep re-sends it (as it does every forgotten one).
-    resent = sum(1 for task_id in ids if len(store.tries(task_id)) > 1)
+    resent = sum(1 for task_id in ids if len(store.tries.history(task_id)) > 1)
     print(f"redis down {down:.1f}s; {len(ids)} tasks final {took:.1f}s later, {resent} re-sent")
 
     assert count(ledger, "run o1") == 1, ledger_lines(ledger)
@@ -67,5 +67,5 @@ def test_redis_restart_mid_run_loses_nothing_and_charges_once(
         )
         assert meta["result"]["order"] == "o1"
         assert count(ledger, "run o1") == 1, ledger_lines(ledger)
-    assert store.tries(charge.id)[-1]["state"] == TaskState.SUCCESS
+    assert store.tries.history(charge.id)[-1]["state"] == TaskState.SUCCESS
     store.dispose()

@@ -11,10 +11,10 @@ from datetime import timedelta
 import psycopg
 import pytest
 
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.liveness import Verdict
 from celery_recovery.liveness.postgres import MarkerHolder
 from celery_recovery.liveness.process import check_process, process_marker
-from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job
 from tests.services import PG_ADMIN_URL
 from tests.sweeps.helpers import run_concurrently
@@ -42,33 +42,39 @@ def test_process_marker_from_another_host_or_namespace_is_unknown():
 
 def test_store_notes_a_missing_marker_once_and_fails_a_job_only_if_still_silent(store):
     job_id = add_job(store, "worker", heartbeat_age=10)
-    heartbeat = store.get_job(job_id)["latest_heartbeat"]
+    heartbeat = store.jobs.get_job(job_id)["latest_heartbeat"]
     now = utcnow()
-    assert run_concurrently(lambda: store.note_marker_missing(job_id, now)).count(True) == 1
-    assert store.get_job(job_id)["marker_missing_since"] is not None
-    assert store.note_marker_present(job_id) and not store.note_marker_present(job_id)
+    assert (
+        run_concurrently(lambda: store.liveness.note_marker_missing(job_id, now)).count(True) == 1
+    )
+    assert store.jobs.get_job(job_id)["marker_missing_since"] is not None
+    assert store.liveness.note_marker_present(job_id) and not store.liveness.note_marker_present(
+        job_id
+    )
 
-    store.heartbeat(job_id, now)  # it beat after the sweep read it: not silent any more
-    assert not store.fail_job_if_silent(job_id, heartbeat, now)
-    beat = store.get_job(job_id)["latest_heartbeat"]
+    store.jobs.heartbeat(job_id, now)  # it beat after the sweep read it: not silent any more
+    assert not store.liveness.fail_job_if_silent(job_id, heartbeat, now)
+    beat = store.jobs.get_job(job_id)["latest_heartbeat"]
     # Two sweeps judging at once: one fails the job, the other loses the race.
-    results = run_concurrently(lambda: store.fail_job_if_silent(job_id, beat, now + timedelta(1)))
+    results = run_concurrently(
+        lambda: store.liveness.fail_job_if_silent(job_id, beat, now + timedelta(1))
+    )
     assert sorted(results) == [False, True]
-    assert store.get_job(job_id)["state"] == "failed"
+    assert store.jobs.get_job(job_id)["state"] == "failed"
 
 
 def test_held_locks_are_read_from_the_store_database(store):
     if store.dialect != "postgresql":
-        assert store.held_marker_locks() == set()
+        assert store.liveness.held_marker_locks() == set()
         return
     holder = MarkerHolder(store.url, 0.5, "test")
     assert holder.acquire()
     holder.start()
     try:
-        assert holder.key in store.held_marker_locks()
+        assert holder.key in store.liveness.held_marker_locks()
     finally:
         holder.stop()
-    wait_for(lambda: holder.key not in store.held_marker_locks(), 5, what="release")
+    wait_for(lambda: holder.key not in store.liveness.held_marker_locks(), 5, what="release")
 
 
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -89,7 +95,7 @@ def test_a_forked_child_that_exits_leaves_the_parents_lock_held(store):
         os.waitpid(pid, 0)
         time.sleep(0.3)  # a goodbye on the shared socket would have ended the session
         assert holder.session_pid == session, "the parent's session was never interrupted"
-        assert holder.held and holder.key in store.held_marker_locks()
+        assert holder.held and holder.key in store.liveness.held_marker_locks()
     finally:
         holder.stop()
 
@@ -108,6 +114,6 @@ def test_a_terminated_marker_session_is_taken_again_at_once(store):
         started = time.monotonic()
         wait_for(lambda: not holder.held or time.monotonic() - started > 1, 2)
         # Back well within one interval (5 s): the holder watches its socket.
-        wait_for(lambda: holder.held and holder.key in store.held_marker_locks(), 2)
+        wait_for(lambda: holder.held and holder.key in store.liveness.held_marker_locks(), 2)
     finally:
         holder.stop()

@@ -64,7 +64,7 @@ def kill_and_recover(client_app, store, worker, result, first) -> float:
     sweep_until(client_app, lambda: try_started(store, result.id, 2), 25, "try 2 to start")
     recovered_after = time.monotonic() - killed
     assert result.get(timeout=30) == 2
-    assert store.get_job(first["job_id"])["state"] == JobState.FAILED
+    assert store.jobs.get_job(first["job_id"])["state"] == JobState.FAILED
     tries = succeeded_tries(store, result.id)
     assert [(t["try_number"], t["state"]) for t in tries] == [
         (1, TaskState.UP_FOR_RETRY),
@@ -103,7 +103,9 @@ def test_killed_worker_is_recovered_by_its_lock_and_a_cut_lock_is_taken_again(
         sessions = wait_for(lambda: marker_sessions(conn, "worker doomed@"), 10)
         assert len(sessions) == 1, sessions
         # The main process (it reserves messages) and its two pool processes.
-        worker_jobs = wait_for(lambda: len(store.list_jobs("worker")) == 3 and store.list_jobs())
+        worker_jobs = wait_for(
+            lambda: len(store.jobs.list_jobs("worker")) == 3 and store.jobs.list_jobs()
+        )
         keys = {job["marker_lock"] for job in worker_jobs}
         assert len(keys) == 1 and None not in keys, worker_jobs
         (key,) = keys
@@ -119,10 +121,10 @@ def test_killed_worker_is_recovered_by_its_lock_and_a_cut_lock_is_taken_again(
             )
             recovery_for_app(client_app).sweep()
             time.sleep(0.3)
-        assert {j["state"] for j in store.list_jobs("worker")} == {JobState.RUNNING}
+        assert {j["state"] for j in store.jobs.list_jobs("worker")} == {JobState.RUNNING}
         # Taken again at once on a new connection.
         wait_for(
-            lambda: key in store.held_marker_locks(),
+            lambda: key in store.liveness.held_marker_locks(),
             5,
             what="the marker lock to be taken again",
         )
@@ -150,8 +152,8 @@ def test_paused_worker_keeps_its_markers_and_is_judged_by_the_threshold(
         while time.monotonic() - stopped < 4.5:
             report = recovery.sweep()
             assert report.marker_deaths == 0 and report.dead_jobs == 0, report
-            assert store.get_job(first["job_id"])["state"] == JobState.RUNNING
+            assert store.jobs.get_job(first["job_id"])["state"] == JobState.RUNNING
             time.sleep(0.25)
-        assert store.tries(result.id)[0]["state"] == TaskState.RUNNING
+        assert store.tries.history(result.id)[0]["state"] == TaskState.RUNNING
     finally:
         os.killpg(paused.proc.pid, signal.SIGCONT)

@@ -31,7 +31,7 @@ def test_fifty_deliveries_of_one_key_run_the_body_once(client_app, store, start_
     # Waiting for the holder is not a retry: every delivery stays its first try.
     assert recovery_for_app(client_app).flush()
     wait_for(
-        lambda: all([t["try_number"] for t in store.tries(r.id)] == [1] for r in results),
+        lambda: all([t["try_number"] for t in store.tries.history(r.id)] == [1] for r in results),
         10,
         what="one try per delivery",
     )
@@ -44,7 +44,7 @@ def test_fifty_deliveries_of_one_key_run_the_body_once(client_app, store, start_
         lambda: [
             t
             for r in results
-            for t in store.tries(r.id)
+            for t in store.tries.history(r.id)
             if t["fencing_token"] == token and t["state"] == TaskState.SUCCESS
         ],
         10,
@@ -71,7 +71,7 @@ def test_autoretry_for_retries_a_failed_attempt_with_a_newer_token_then_remember
     assert len(runs(ledger, order)) == 2
     tries = wait_for(
         lambda: (
-            [(t["try_number"], t["state"]) for t in store.tries(first.id)]
+            [(t["try_number"], t["state"]) for t in store.tries.history(first.id)]
             == [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)]
         ),
         10,

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import insert
 
 from celery_recovery import JobState, JobType, metrics
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.health import StoreHealth
 from celery_recovery.metrics import definitions
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import callbacks
-from celery_recovery.timeutils import utcnow
 from tests.metrics.scrape import local
 from tests.sweeps.helpers import make_queued, run_concurrently
 from tests.sweeps.test_races import make_zombie
@@ -73,7 +73,7 @@ def test_gauges_show_live_jobs_stalest_heartbeat_and_pending_callbacks(store, re
     now = utcnow()
     for job_id, job_type, age in (("w1", JobType.WORKER, 1.0), ("w2", JobType.WORKER, 2.0)):
         beat_at = now - timedelta(seconds=age)
-        store.add_job(
+        store.jobs.add_job(
             {
                 "id": job_id,
                 "job_type": job_type,
@@ -124,7 +124,7 @@ def test_unreachable_store_counts_store_and_sweep_errors(make_client_app):
 
 
 def test_store_health_counts_failures_and_dropped_writes():
-    from celery_recovery.errors import StoreSchemaError
+    from celery_recovery.core.errors import StoreSchemaError
 
     health = StoreHealth("test")
     schema = local("celery_recovery_store_errors_total", error="schema")

@@ -57,7 +57,7 @@ def test_zombie_recovery_shows_in_the_scraped_metrics(
     # when the worker running a task is SIGKILLed,
     result = app.send_task("lifecycle.ledger_sleep", (str(tmp_path / "ledger"), 30))
     wait_for(
-        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries(result.id)),
+        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries.history(result.id)),
         15,
         what="the task to run",
     )
@@ -92,7 +92,7 @@ def test_zombie_recovery_shows_in_the_scraped_metrics(
     assert value(after, "celery_recovery_sweep_errors_total") == 0
     assert value(after, "celery_recovery_sweep_duration_seconds_count") >= 1
     assert value(after, "celery_recovery_jobs_running", job_type="worker") == 0
-    assert [(t["try_number"], t["state"]) for t in store.tries(result.id)] == [
+    assert [(t["try_number"], t["state"]) for t in store.tries.history(result.id)] == [
         (1, TaskState.UP_FOR_RETRY),
         (2, TaskState.QUEUED),
     ]

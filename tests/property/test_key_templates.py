@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from celery_recovery.errors import ConfigurationError
+from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.locks.keys import build_key, check_template
 from tests.property.strategies import FAST, json_values, values
 

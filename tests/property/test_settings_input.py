@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from celery_recovery.errors import ConfigurationError
-from celery_recovery.settings import SETTINGS, RecoverySettings
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.settings import SETTINGS, RecoverySettings
 from tests.property.strategies import FAST, values
 
 KNOWN = [spec.conf_key for spec in SETTINGS]

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_recovery.errors import DeferralError
+from celery_recovery.core.errors import DeferralError
 from celery_recovery.triggers.base import BaseTrigger, classpath_of
 from celery_recovery.triggers.loading import TriggerLoadError, load_trigger, serialize_trigger
 from tests.property.strategies import FAST, json_values, values

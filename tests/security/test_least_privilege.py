@@ -22,13 +22,12 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import ProgrammingError
 
 from celery_recovery import JobType, TaskState
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.locks.redis_lock import ACQUIRED, DONE, HELD, IdempotencyLocks
 from celery_recovery.recovery import recovery_for_app
-from celery_recovery.store import Store
+from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing, Store
 from celery_recovery.store.engine import create_store_engine
 from celery_recovery.store.migrate import upgrade
-from celery_recovery.store.trigger_ops import FAILURE, RESUME, SUCCESS, Finish, Firing
-from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job, add_try, run
 from tests.services import BROKER_DB, PG_ADMIN_URL, REDIS_URL, require
 from tests.sweeps.helpers import count
@@ -100,9 +99,9 @@ def test_the_documented_postgresql_grants_run_the_whole_workload_and_no_ddl(
 
     # A task's lifecycle through the Store API.
     job = add_job(store)
-    assert store.heartbeat(job, now)
+    assert store.jobs.heartbeat(job, now)
     task = add_try(store, "queued", task_name="lifecycle.add")
-    assert store.mark_running(
+    assert store.tries.mark_running(
         {
             "task_id": task,
             "try_number": 1,
@@ -113,7 +112,7 @@ def test_the_documented_postgresql_grants_run_the_whole_workload_and_no_ddl(
             "updated_at": now,
         }
     )
-    assert store.transition(task, 1, TaskState.RUNNING, TaskState.SUCCESS, ended_at=now)
+    assert store.tries.transition(task, 1, TaskState.RUNNING, TaskState.SUCCESS, ended_at=now)
 
     # A sweep: one zombie failed (max_retries=0) with its callback, one published again.
     ledger = tmp_path / "ledger"
@@ -123,7 +122,7 @@ def test_the_documented_postgresql_grants_run_the_whole_workload_and_no_ddl(
     assert (report.failed, report.republished, report.errors) == (1, 1, 0)
     # The failed try's on_failure and the retried try's on_retry.
     assert report.callbacks_delivered == 2 and count(ledger, "on_failure") == 1
-    assert store.pending_callbacks() == []
+    assert store.outbox.pending_callbacks() == []
 
     # Deferral and the triggerer's claim, fire and finish.
     triggerer = add_job(store, job_type=JobType.TRIGGERER.value)
@@ -137,11 +136,11 @@ def test_the_documented_postgresql_grants_run_the_whole_workload_and_no_ddl(
             "external_executor_id": f"d{n}",
         }
         trigger = {"classpath": "m.T", "kwargs": {"n": n}, "queue": "q", "created_at": now}
-        assert store.defer_try(record, trigger, now) == (True, None)
-    rows = {r["task_id"]: r for r in store.claim_triggers(triggerer, ["q"], 10, now, 30)}
+        assert store.triggers.defer_try(record, trigger, now) == (True, None)
+    rows = {r["task_id"]: r for r in store.triggers.claim_triggers(triggerer, ["q"], 10, now, 30)}
     assert sorted(rows) == ["d1", "d2", "d3"]
     header = ("recovery_resume", {"method": "m", "kwargs": {}, "event": 1})
-    decided, _ = store.fire_triggers(
+    decided, _ = store.triggers.fire_triggers(
         triggerer, [Firing(rows["d1"]["id"], "d1", 1, RESUME, {"n": 1}, header)], now
     )
     assert decided[rows["d1"]["id"]][0] == RESUME
@@ -149,9 +148,9 @@ def test_the_documented_postgresql_grants_run_the_whole_workload_and_no_ddl(
         Finish(rows["d2"]["id"], "d2", 1, SUCCESS, "completed by its trigger"),
         Finish(rows["d3"]["id"], "d3", 1, FAILURE, "failed", "boom", "E"),
     ]
-    assert store.finish_triggers(triggerer, finishes, now) == 2
-    assert store.release_triggers(triggerer) == 1
-    assert store.acquire_lease("priv-test", "me", now, 10) is not None
+    assert store.triggers.finish_triggers(triggerer, finishes, now) == 2
+    assert store.triggers.release_triggers(triggerer) == 1
+    assert store.leases.acquire_lease("priv-test", "me", now, 10) is not None
 
     # The operator commands, as the same role.
     assert run(url, "db", "current").exit_code == 0

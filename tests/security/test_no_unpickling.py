@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import update
 
 from celery_recovery import TaskState
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import EncodedJSON, UnreadableJSON, callbacks, task_records
-from celery_recovery.timeutils import utcnow
 from celery_recovery.triggers.loading import TriggerLoadError, load_trigger
 from tests.security.hostile import pickle_base64, pickle_text
 from tests.sweeps.helpers import make_queued
@@ -44,12 +44,15 @@ def test_a_zombie_with_pickled_arguments_is_failed_not_unpickled(
     report = recovery.sweep()
 
     assert not marker.exists()
-    pickled = store.tries("pickled")
+    pickled = store.tries.history("pickled")
     assert [t["state"] for t in pickled] == [TaskState.FAILED]
     assert "not valid JSON" in pickled[0]["state_reason"]
     assert isinstance(pickled[0]["args"], UnreadableJSON)
     # The bad row did not stop recovery of the good one.
-    assert [t["state"] for t in store.tries("honest")] == [TaskState.UP_FOR_RETRY, TaskState.QUEUED]
+    assert [t["state"] for t in store.tries.history("honest")] == [
+        TaskState.UP_FOR_RETRY,
+        TaskState.QUEUED,
+    ]
     assert report.zombies == 2 and report.errors == 0
 
 
@@ -64,7 +67,7 @@ def test_a_lost_message_with_pickled_arguments_is_failed_not_republished(
     recovery.sweep()
 
     assert not marker.exists()
-    [only] = store.tries("pickled")
+    [only] = store.tries.history("pickled")
     assert only["state"] == TaskState.FAILED and "not valid JSON" in only["state_reason"]
 
 
@@ -98,7 +101,7 @@ def test_a_pickled_callback_payload_is_dropped_without_running_anything(
     report = recovery.sweep()
 
     assert not marker.exists()
-    assert store.pending_callbacks() == []
+    assert store.outbox.pending_callbacks() == []
     if planted.startswith("protocol"):
         # Not JSON: nobody is called with it.
         assert report.callbacks_failed == 1 and calls == []

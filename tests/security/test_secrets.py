@@ -23,9 +23,9 @@ from click.testing import CliRunner
 
 from celery_recovery import Recovery
 from celery_recovery.cli import recovery as cli
-from celery_recovery.errors import ConfigurationError, RecoveryError, StoreUnavailableError
-from celery_recovery.settings import RecoverySettings
-from celery_recovery.urls import mask_secrets, mask_url
+from celery_recovery.core.errors import ConfigurationError, RecoveryError, StoreUnavailableError
+from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.core.urls import mask_secrets, mask_url
 from tests.proxy import TcpProxy
 from tests.security.secret_app import BROKER_URL, DATABASE_URL, SECRET
 from tests.workers import ROOT, wait_for

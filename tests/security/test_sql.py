@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from celery_recovery import TaskState
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store.schema import metadata
-from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job, add_try, run, run_json
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_recovery"
@@ -100,7 +100,7 @@ def test_no_sql_in_the_package_is_built_by_string_formatting():
 def test_hostile_names_and_ids_round_trip_through_the_store(store, hostile):
     now = utcnow()
     job_id = add_job(store, hostname=hostile)
-    store.record_queued(
+    store.tries.record_queued(
         [
             {
                 "task_id": hostile,
@@ -117,7 +117,7 @@ def test_hostile_names_and_ids_round_trip_through_the_store(store, hostile):
             }
         ]
     )
-    assert store.mark_running(
+    assert store.tries.mark_running(
         {
             "task_id": hostile,
             "try_number": 1,
@@ -129,10 +129,10 @@ def test_hostile_names_and_ids_round_trip_through_the_store(store, hostile):
             "updated_at": now,
         }
     )
-    assert store.transition(
+    assert store.tries.transition(
         hostile, 1, TaskState.RUNNING, TaskState.FAILED, state_reason=hostile, error=hostile
     )
-    [row] = store.tries(hostile)
+    [row] = store.tries.history(hostile)
     assert (row["task_id"], row["task_name"], row["queue"], row["state_reason"]) == (
         hostile,
         hostile,
@@ -140,14 +140,14 @@ def test_hostile_names_and_ids_round_trip_through_the_store(store, hostile):
         hostile,
     )
     assert row["args"] == [hostile] and row["kwargs"] == {hostile: hostile}
-    assert [r["task_id"] for r in store.list_tries(task_name=hostile)] == [hostile]
-    assert store.list_tries(task_name=hostile + "'") == []
-    assert store.get_job(job_id)["hostname"] == hostile
+    assert [r["task_id"] for r in store.tries.list_tries(task_name=hostile)] == [hostile]
+    assert store.tries.list_tries(task_name=hostile + "'") == []
+    assert store.jobs.get_job(job_id)["hostname"] == hostile
     # Every table is still there, with what it held.
     with store.transaction() as conn:
         for table in metadata.sorted_tables:
             conn.execute(table.select().limit(1)).all()
-    assert len(store.list_jobs()) == 1
+    assert len(store.jobs.list_jobs()) == 1
 
 
 @pytest.mark.parametrize("hostile", HOSTILE)
@@ -165,4 +165,4 @@ def test_hostile_cli_filters_are_data_not_sql(store_url, store, hostile):
     missing = run(store_url, "jobs", "check", "--job-type", "worker", "--hostname", hostile + "'")
     assert missing.exit_code == 1
     assert len(json.loads(run(store_url, "inspect", "tasks", "--json").output)) == 2
-    assert [j["id"] for j in store.list_jobs()] == [job]
+    assert [j["id"] for j in store.jobs.list_jobs()] == [job]

@@ -48,7 +48,7 @@ PREFIXES = ("celery_recovery",)
         ("celery_recovery.triggers.base.BaseTrigger", "not a BaseTrigger subclass"),
         ("celery_recovery.triggers.loading.importlib", "not a BaseTrigger subclass"),
         ("celery_recovery.triggers.loading.load_trigger", "not a BaseTrigger subclass"),
-        ("celery_recovery.errors.ConfigurationError", "not a BaseTrigger subclass"),
+        ("celery_recovery.core.errors.ConfigurationError", "not a BaseTrigger subclass"),
         (None, "is not 'module.Class'"),
         (42, "is not 'module.Class'"),
     ],

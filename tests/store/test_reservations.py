@@ -7,15 +7,15 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from celery_recovery import JobState, JobType
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store.schema import reservations
-from celery_recovery.timeutils import utcnow
 
 THRESHOLD = 3.0
 
 
 def add_job(store, job_id: str, heartbeat_age: float, state: JobState = JobState.RUNNING) -> None:
     beat = utcnow() - timedelta(seconds=heartbeat_age)
-    store.add_job(
+    store.jobs.add_job(
         {
             "id": job_id,
             "job_type": JobType.WORKER,
@@ -31,7 +31,7 @@ def add_job(store, job_id: str, heartbeat_age: float, state: JobState = JobState
 
 def queue_try(store, task_id: str, try_number: int = 1) -> None:
     now = utcnow()
-    store.record_queued(
+    store.tries.record_queued(
         [
             {
                 "task_id": task_id,
@@ -46,7 +46,9 @@ def queue_try(store, task_id: str, try_number: int = 1) -> None:
 
 
 def found(store) -> set[str]:
-    return {r["task_id"] for r in store.find_reserved_by_dead_jobs(utcnow(), THRESHOLD)}
+    return {
+        r["task_id"] for r in store.reservations.find_reserved_by_dead_jobs(utcnow(), THRESHOLD)
+    }
 
 
 def test_only_unstarted_tries_of_dead_jobs_are_found(store):
@@ -58,7 +60,7 @@ def test_only_unstarted_tries_of_dead_jobs_are_found(store):
         if task_id != "unpublished":
             queue_try(store, task_id)
     now = utcnow()
-    store.apply_writes(
+    store.tries.apply_writes(
         [
             ("reserved", ("on-live", 1, "live", now)),
             ("reserved", ("on-stale", 1, "stale", now - timedelta(seconds=10))),
@@ -68,7 +70,7 @@ def test_only_unstarted_tries_of_dead_jobs_are_found(store):
             ("reserved", ("unpublished", 1, "stale", now - timedelta(seconds=10))),
         ]
     )
-    store.mark_running(
+    store.tries.mark_running(
         {
             "task_id": "started",
             "try_number": 1,
@@ -85,9 +87,9 @@ def test_a_redelivery_moves_the_reservation_to_the_live_job(store):
     add_job(store, "live", 0.0)
     queue_try(store, "t1")
     now = utcnow()
-    store.apply_writes([("reserved", ("t1", 1, "dead", now - timedelta(seconds=10)))])
+    store.tries.apply_writes([("reserved", ("t1", 1, "dead", now - timedelta(seconds=10)))])
     assert found(store) == {"t1"}
-    store.apply_writes([("reserved", ("t1", 1, "live", now))])
+    store.tries.apply_writes([("reserved", ("t1", 1, "live", now))])
     assert found(store) == set()
 
 
@@ -98,7 +100,7 @@ def test_receptions_after_the_job_could_be_judged_dead_are_not_its_own(store):
     queue_try(store, "before")
     queue_try(store, "after")
     now = utcnow()
-    store.apply_writes(
+    store.tries.apply_writes(
         [
             ("reserved", ("before", 1, "paused", now)),
             ("reserved", ("after", 1, "paused", now + timedelta(seconds=THRESHOLD + 1))),
@@ -118,10 +120,10 @@ def test_a_reservation_superseded_by_the_same_batchs_claim_is_not_written(store)
         "job_id": "solo",
         "updated_at": now,
     }
-    store.apply_writes([("reserved", ("t1", 1, "solo", now)), ("running", claim)])
+    store.tries.apply_writes([("reserved", ("t1", 1, "solo", now)), ("running", claim)])
     with store.transaction() as conn:
         assert conn.execute(select(reservations)).all() == []
-    assert store.tries("t1")[0]["state"] == "running"
+    assert store.tries.history("t1")[0]["state"] == "running"
 
 
 def test_a_try_held_by_a_live_worker_is_never_lost_one_held_by_a_dead_one_is(store):
@@ -131,12 +133,14 @@ def test_a_try_held_by_a_live_worker_is_never_lost_one_held_by_a_dead_one_is(sto
     for task_id in ("held-by-live", "held-by-stale", "held-by-nobody"):
         queue_try(store, task_id)
     now = utcnow()
-    store.apply_writes(
+    store.tries.apply_writes(
         [
             ("reserved", ("held-by-live", 1, "live", now)),
             ("reserved", ("held-by-stale", 1, "stale", now - timedelta(seconds=10))),
         ]
     )
     later = now + timedelta(seconds=3600)  # far past any queued timeout
-    lost = {r["task_id"] for r in store.find_lost(later, 600, live_threshold=3600 + THRESHOLD)}
+    lost = {
+        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+    }
     assert lost == {"held-by-stale", "held-by-nobody"}

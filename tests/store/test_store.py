@@ -11,10 +11,11 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from celery_recovery import JobState, JobType, TaskState
-from celery_recovery.store import Store, Transition
+from celery_recovery.core.records import Transition
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.store import Store
 from celery_recovery.store.migrate import VERSION_TABLE, current_revision, head_revision
 from celery_recovery.store.schema import metadata
-from celery_recovery.timeutils import utcnow
 
 
 def queued(task_id="t1", try_number=1, **extra):
@@ -80,26 +81,26 @@ def test_running_by_job_lookup_uses_a_partial_index(store):
 
 
 def test_transition_is_a_compare_and_set(store):
-    store.record_queued([queued()])
-    assert store.mark_running(running())
-    assert store.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS, ended_at=utcnow())
+    store.tries.record_queued([queued()])
+    assert store.tries.mark_running(running())
+    assert store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS, ended_at=utcnow())
     # The same change again loses: the try is no longer running.
-    assert not store.transition("t1", 1, TaskState.RUNNING, TaskState.FAILED)
+    assert not store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.FAILED)
     # Another try's key never matches.
-    assert not store.transition("t1", 2, TaskState.SUCCESS, TaskState.FAILED)
-    (row,) = store.tries("t1")
+    assert not store.tries.transition("t1", 2, TaskState.SUCCESS, TaskState.FAILED)
+    (row,) = store.tries.history("t1")
     assert row["state"] == TaskState.SUCCESS and row["job_id"] == "job-a"
 
 
 def test_concurrent_transitions_of_one_try_have_exactly_one_winner(store):
-    store.mark_running(running())
+    store.tries.mark_running(running())
     barrier = threading.Barrier(8)
     results: list[bool] = []
 
     def contend(index: int) -> None:
         barrier.wait()
         new = TaskState.SUCCESS if index % 2 else TaskState.UP_FOR_RETRY
-        results.append(store.transition("t1", 1, TaskState.RUNNING, new))
+        results.append(store.tries.transition("t1", 1, TaskState.RUNNING, new))
 
     threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
     for t in threads:
@@ -111,35 +112,35 @@ def test_concurrent_transitions_of_one_try_have_exactly_one_winner(store):
 
 def test_publisher_record_after_worker_claim_keeps_running_state(store):
     # The worker's claim can land before the publisher's buffered queued record.
-    assert store.mark_running(running(args=None))
-    store.record_queued([queued(headers={"root_id": "r"})])
-    (row,) = store.tries("t1")
+    assert store.tries.mark_running(running(args=None))
+    store.tries.record_queued([queued(headers={"root_id": "r"})])
+    (row,) = store.tries.history("t1")
     assert row["state"] == TaskState.RUNNING and row["job_id"] == "job-a"
     assert row["queued_at"] is not None and row["args"] == [1, 2]
     assert row["headers"] == {"root_id": "r"}
 
 
 def test_claim_is_refused_for_a_finished_try(store):
-    store.mark_running(running())
-    store.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS)
-    assert not store.mark_running(running(job_id="job-b"))
-    (row,) = store.tries("t1")
+    store.tries.mark_running(running())
+    store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS)
+    assert not store.tries.mark_running(running(job_id="job-b"))
+    (row,) = store.tries.history("t1")
     assert row["state"] == TaskState.SUCCESS and row["job_id"] == "job-a"
 
 
 def test_redelivered_running_try_is_claimed_by_the_new_job(store):
-    store.mark_running(running(job_id="job-a"))
-    assert store.mark_running(running(job_id="job-b"))
-    assert store.tries("t1")[0]["job_id"] == "job-b"
+    store.tries.mark_running(running(job_id="job-a"))
+    assert store.tries.mark_running(running(job_id="job-b"))
+    assert store.tries.history("t1")[0]["job_id"] == "job-b"
 
 
 def test_tries_are_kept_as_history(store):
-    store.mark_running(running(try_number=1))
-    store.transition("t1", 1, TaskState.RUNNING, TaskState.UP_FOR_RETRY)
-    store.record_queued([queued(try_number=2)])
-    store.mark_running(running(try_number=2))
-    store.transition("t1", 2, TaskState.RUNNING, TaskState.SUCCESS)
-    assert [(r["try_number"], r["state"]) for r in store.tries("t1")] == [
+    store.tries.mark_running(running(try_number=1))
+    store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.UP_FOR_RETRY)
+    store.tries.record_queued([queued(try_number=2)])
+    store.tries.mark_running(running(try_number=2))
+    store.tries.transition("t1", 2, TaskState.RUNNING, TaskState.SUCCESS)
+    assert [(r["try_number"], r["state"]) for r in store.tries.history("t1")] == [
         (1, TaskState.UP_FOR_RETRY),
         (2, TaskState.SUCCESS),
     ]
@@ -147,7 +148,7 @@ def test_tries_are_kept_as_history(store):
 
 def test_batched_writes_apply_in_order(store):
     now = utcnow()
-    store.apply_writes(
+    store.tries.apply_writes(
         [
             ("queued", queued("a")),
             ("running", running("a")),
@@ -157,9 +158,9 @@ def test_batched_writes_apply_in_order(store):
             ("transition", Transition("a", 1, (TaskState.RUNNING,), {"state": "failed"})),
         ]
     )
-    assert store.tries("a")[0]["state"] == "success"
-    assert store.tries("b")[0]["state"] == "revoked"
-    assert store.tries("a")[0]["updated_at"] >= now - timedelta(seconds=5)
+    assert store.tries.history("a")[0]["state"] == "success"
+    assert store.tries.history("b")[0]["state"] == "revoked"
+    assert store.tries.history("a")[0]["updated_at"] >= now - timedelta(seconds=5)
 
 
 def test_job_heartbeat_and_end_are_compare_and_set(store):
@@ -173,15 +174,15 @@ def test_job_heartbeat_and_end_are_compare_and_set(store):
         "start_date": now,
         "latest_heartbeat": now,
     }
-    store.add_job(job)
-    store.add_job(job)  # a second registration changes nothing
+    store.jobs.add_job(job)
+    store.jobs.add_job(job)  # a second registration changes nothing
     later = now + timedelta(seconds=3)
-    assert store.heartbeat("j1", later)
-    assert store.get_job("j1")["latest_heartbeat"] == later
-    assert store.end_job("j1", JobState.SUCCESS, later)
-    assert not store.heartbeat("j1", later + timedelta(seconds=1))
-    assert not store.end_job("j1", JobState.FAILED, later)
-    assert store.get_job("j1")["state"] == JobState.SUCCESS
+    assert store.jobs.heartbeat("j1", later)
+    assert store.jobs.get_job("j1")["latest_heartbeat"] == later
+    assert store.jobs.end_job("j1", JobState.SUCCESS, later)
+    assert not store.jobs.heartbeat("j1", later + timedelta(seconds=1))
+    assert not store.jobs.end_job("j1", JobState.FAILED, later)
+    assert store.jobs.get_job("j1")["state"] == JobState.SUCCESS
 
 
 def test_sqlite_store_runs_in_wal_mode(sqlite_url):
@@ -193,7 +194,7 @@ def test_sqlite_store_runs_in_wal_mode(sqlite_url):
 
 
 def test_timestamps_come_back_as_aware_utc(store):
-    store.record_queued([queued()])
-    assert store.tries("t1")[0]["queued_at"].utcoffset() == timedelta(0)
+    store.tries.record_queued([queued()])
+    assert store.tries.history("t1")[0]["queued_at"].utcoffset() == timedelta(0)
     with pytest.raises(Exception, match="naive datetime"):
-        store.record_queued([queued("t2", queued_at=utcnow().replace(tzinfo=None))])
+        store.tries.record_queued([queued("t2", queued_at=utcnow().replace(tzinfo=None))])

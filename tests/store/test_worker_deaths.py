@@ -7,44 +7,46 @@ import threading
 import time
 
 from celery_recovery import TaskState
-from celery_recovery.store import OutboxedTransition, Transition
-from celery_recovery.timeutils import utcnow
+from celery_recovery.core.records import OutboxedTransition, Transition
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.worker_lost import runs_allowed
 from tests.store.test_store import queued, running
 
 
 def test_a_claim_that_finds_its_try_still_running_counts_one_death(store):
-    assert store.claim_counting_deaths(running(job_id="job-a")) == 0
+    assert store.tries.claim_counting_deaths(running(job_id="job-a")) == 0
     # Redelivered after job-a's process died: its try is still recorded running.
-    assert store.claim_counting_deaths(running(job_id="job-b")) == 1
-    assert store.claim_counting_deaths(running(job_id="job-c")) == 2
-    [only] = store.tries("t1")
+    assert store.tries.claim_counting_deaths(running(job_id="job-b")) == 1
+    assert store.tries.claim_counting_deaths(running(job_id="job-c")) == 2
+    [only] = store.tries.history("t1")
     assert (only["job_id"], only["deaths"]) == ("job-c", 2)
     # A finished try is not claimed again.
-    assert store.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS, updated_at=utcnow())
-    assert store.claim_counting_deaths(running(job_id="job-d")) is None
+    assert store.tries.transition(
+        "t1", 1, TaskState.RUNNING, TaskState.SUCCESS, updated_at=utcnow()
+    )
+    assert store.tries.claim_counting_deaths(running(job_id="job-d")) is None
 
 
 def test_a_second_claim_by_the_same_job_is_no_death(store):
     # A delivery checked as possibly stale is claimed once by the check, then again
     # by the death-counting claim of the same process: one run, no death.
-    store.record_queued([queued()])
-    assert store.mark_running(running(job_id="job-a"))
-    assert store.claim_counting_deaths(running(job_id="job-a")) == 0
-    assert store.claim_counting_deaths(running(job_id="job-b")) == 1
+    store.tries.record_queued([queued()])
+    assert store.tries.mark_running(running(job_id="job-a"))
+    assert store.tries.claim_counting_deaths(running(job_id="job-a")) == 0
+    assert store.tries.claim_counting_deaths(running(job_id="job-b")) == 1
 
 
 def test_a_first_run_of_a_published_try_is_no_death(store):
-    store.record_queued([queued()])
-    assert store.claim_counting_deaths(running()) == 0
+    store.tries.record_queued([queued()])
+    assert store.tries.claim_counting_deaths(running()) == 0
     # The buffered claim counts the same way.
-    store.apply_writes([("running", running(job_id="job-b"))])
-    assert store.tries("t1")[0]["deaths"] == 1
+    store.tries.apply_writes([("running", running(job_id="job-b"))])
+    assert store.tries.history("t1")[0]["deaths"] == 1
 
 
 def test_an_outboxed_transition_writes_its_callback_only_when_it_wins(store):
-    store.record_queued([queued("t1"), queued("t2")])
-    store.transition("t2", 1, TaskState.QUEUED, TaskState.REVOKED, updated_at=utcnow())
+    store.tries.record_queued([queued("t1"), queued("t2")])
+    store.tries.transition("t2", 1, TaskState.QUEUED, TaskState.REVOKED, updated_at=utcnow())
     now = utcnow()
 
     def failing(task_id: str) -> OutboxedTransition:
@@ -59,10 +61,12 @@ def test_an_outboxed_transition_writes_its_callback_only_when_it_wins(store):
         }
         return OutboxedTransition(change, {**row, "created_at": now})
 
-    assert store.apply_outboxed([failing("t1"), failing("t2")]) == 1
-    store.apply_writes([("outboxed", failing("t1"))])  # lost: already failed
-    assert [(c["task_id"], c["kind"]) for c in store.pending_callbacks()] == [("t1", "failure")]
-    assert [t["state"] for t in store.tries("t2")] == [TaskState.REVOKED]
+    assert store.tries.apply_outboxed([failing("t1"), failing("t2")]) == 1
+    store.tries.apply_writes([("outboxed", failing("t1"))])  # lost: already failed
+    assert [(c["task_id"], c["kind"]) for c in store.outbox.pending_callbacks()] == [
+        ("t1", "failure")
+    ]
+    assert [t["state"] for t in store.tries.history("t2")] == [TaskState.REVOKED]
 
 
 def test_each_run_that_dies_counts_as_one_of_the_tasks_retries():
@@ -88,7 +92,7 @@ def test_a_fork_waits_for_the_store_calls_in_progress(store):
     inside.wait(5)
     pid = os.fork()
     if pid == 0:  # the child: its own store calls work
-        code = 0 if store.tries("t1") == [] else 1
+        code = 0 if store.tries.history("t1") == [] else 1
         os._exit(code)
     forked = time.monotonic()
     thread.join()

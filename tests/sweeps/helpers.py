@@ -52,7 +52,8 @@ def run_concurrently(func, times: int = 2) -> list:
 
 def try_started(store, task_id: str, try_number: int) -> bool:
     return any(
-        t["try_number"] == try_number and t["state"] != "queued" for t in store.tries(task_id)
+        t["try_number"] == try_number and t["state"] != "queued"
+        for t in store.tries.history(task_id)
     )
 
 
@@ -61,10 +62,10 @@ def make_queued(store, task_id: str, queue: str = "unused", task_name: str = "li
     once a sweep runs ``recovery_queued_timeout`` later)."""
     from datetime import timedelta
 
-    from celery_recovery.timeutils import utcnow
+    from celery_recovery.core.timeutils import utcnow
 
     past = utcnow() - timedelta(seconds=5)
-    store.record_queued(
+    store.tries.record_queued(
         [
             {
                 "task_id": task_id,
@@ -86,7 +87,9 @@ def running_try(store, task_id: str) -> dict:
     from celery_recovery import TaskState
 
     return wait_for(
-        lambda: next((t for t in store.tries(task_id) if t["state"] == TaskState.RUNNING), None),
+        lambda: next(
+            (t for t in store.tries.history(task_id) if t["state"] == TaskState.RUNNING), None
+        ),
         15,
         what=f"{task_id} to be running",
     )
@@ -97,7 +100,7 @@ def succeeded_tries(store, task_id: str, timeout: float = 10.0) -> list:
     from celery_recovery import TaskState
 
     return wait_for(
-        lambda: (t := store.tries(task_id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        lambda: (t := store.tries.history(task_id)) and t[-1]["state"] == TaskState.SUCCESS and t,
         timeout,
         what=f"the last try of {task_id} to succeed",
     )

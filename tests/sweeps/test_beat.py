@@ -32,7 +32,7 @@ def test_beat_scheduled_sweep_recovers_a_killed_worker(
     # No sweep from the test: beat's schedule sends the sweep task to the survivor.
     assert result.get(timeout=ZOMBIE + SWEEP + 20) == 5
     assert count(ledger, "done") == 1, ledger_lines(ledger)
-    assert store.tries(result.id)[0]["state"] == TaskState.UP_FOR_RETRY
+    assert store.tries.history(result.id)[0]["state"] == TaskState.UP_FOR_RETRY
 
 
 # Store-independent behaviour: one store keeps the suite's time for the cases that differ.
@@ -43,8 +43,8 @@ def test_with_beat_killed_workers_sweep_one_at_a_time(
     ledger = tmp_path / "ledger"
     beat = start_beat()
     doomed = start_worker(name="doomed", concurrency=1)
-    wait_for(lambda: store.last_completed("sweep"), 20, what="beat's first sweep")
-    (beat_job,) = wait_for(lambda: store.list_jobs(JobType.BEAT), 10, what="beat's job")
+    wait_for(lambda: store.checkins.last_completed("sweep"), 20, what="beat's first sweep")
+    (beat_job,) = wait_for(lambda: store.jobs.list_jobs(JobType.BEAT), 10, what="beat's job")
     os.killpg(beat.pid, signal.SIGKILL)
     beat.wait(10)
 
@@ -63,7 +63,7 @@ def test_with_beat_killed_workers_sweep_one_at_a_time(
     assert time.monotonic() - killed <= 3 * SWEEP + ZOMBIE + 5
     # The dead beat is itself detected from its heartbeat.
     wait_for(
-        lambda: store.get_job(beat_job["id"])["state"] == JobState.FAILED,
+        lambda: store.jobs.get_job(beat_job["id"])["state"] == JobState.FAILED,
         10,
         what="beat's job to be marked failed",
     )

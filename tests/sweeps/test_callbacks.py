@@ -26,7 +26,9 @@ def test_listeners_and_on_failure_run_once_outside_the_sweep_transaction(
     @recovery.add_failure_listener
     def record(**event):
         # A listener may use the store: no transaction of the sweep is open.
-        seen.append((event["task_id"], event["kind"], store.tries(event["task_id"])[0]["state"]))
+        seen.append(
+            (event["task_id"], event["kind"], store.tries.history(event["task_id"])[0]["state"])
+        )
 
     make_zombie(store, "t1", task_name="lifecycle.ledger_sleep_once", args=(str(ledger), 1))
     report = recovery.sweep()
@@ -34,7 +36,7 @@ def test_listeners_and_on_failure_run_once_outside_the_sweep_transaction(
     assert seen == [("t1", "failure", TaskState.FAILED)]
     assert count(ledger, "on_failure LostWorkerError") == 1
     recovery.sweep()
-    assert len(seen) == 1 and store.pending_callbacks() == []
+    assert len(seen) == 1 and store.outbox.pending_callbacks() == []
 
 
 def test_a_slow_or_raising_callback_does_not_hold_up_the_others(client_app, store, monkeypatch):
@@ -66,7 +68,7 @@ def test_a_slow_or_raising_callback_does_not_hold_up_the_others(client_app, stor
     assert time.monotonic() - started < 4
     assert "fast" in calls and report.failed == 2
     assert report.callbacks_failed == 2  # each row had a raising listener
-    assert store.pending_callbacks() == []
+    assert store.outbox.pending_callbacks() == []
 
 
 def test_sweeper_killed_mid_delivery_redelivers_after_the_claim_expires(
@@ -90,7 +92,7 @@ def test_sweeper_killed_mid_delivery_redelivers_after_the_claim_expires(
     assert done.returncode == -9, done.stderr
     # on_failure ran in the killed sweeper; its outbox row is still claimed.
     assert count(ledger, "on_failure") == 1
-    (row,) = store.pending_callbacks()
+    (row,) = store.outbox.pending_callbacks()
     assert row["attempts"] == 1 and row["claimed_until"] is not None
 
     recovery = recovery_for_app(client_app)
@@ -99,5 +101,5 @@ def test_sweeper_killed_mid_delivery_redelivers_after_the_claim_expires(
     assert recovery.sweep(now=later).callbacks_delivered == 1
     # At least once: the callback ran a second time, documented in sweeps/callbacks.py.
     assert count(ledger, "on_failure") == 2, ledger_lines(ledger)
-    assert store.pending_callbacks() == []
+    assert store.outbox.pending_callbacks() == []
     assert MAX_ATTEMPTS >= 2

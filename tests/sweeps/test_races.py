@@ -12,15 +12,15 @@ from datetime import timedelta
 import pytest
 
 from celery_recovery import JobState, JobType, TaskState
+from celery_recovery.core.records import Transition
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
-from celery_recovery.store import Transition
-from celery_recovery.timeutils import utcnow
 from tests.sweeps.helpers import run_concurrently
 
 
 def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle.add", args=(1, 2)):
     past = utcnow() - timedelta(seconds=age)
-    store.add_job(
+    store.jobs.add_job(
         {
             "id": job_id,
             "job_type": JobType.WORKER,
@@ -32,7 +32,7 @@ def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle
             "latest_heartbeat": past,
         }
     )
-    store.record_queued(
+    store.tries.record_queued(
         [
             {
                 "task_id": task_id,
@@ -47,7 +47,7 @@ def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle
             }
         ]
     )
-    assert store.mark_running(
+    assert store.tries.mark_running(
         {
             "task_id": task_id,
             "try_number": 1,
@@ -71,27 +71,27 @@ def test_late_success_after_the_reset_keeps_the_new_try_and_records_the_outcome(
     assert (report.zombies, report.republished) == (1, 1)
     # The "dead" worker was only paused: it now reports its old try's success.
     now = utcnow()
-    store.apply_writes(
+    store.tries.apply_writes(
         [
             ("transition", Transition("t1", 1, (TaskState.RUNNING,), {"state": "success"})),
             ("late", ("t1", 1, "success", now)),
         ]
     )
-    first, second = store.tries("t1")
+    first, second = store.tries.history("t1")
     assert first["state"] == TaskState.UP_FOR_RETRY and first["late_state"] == "success"
     assert second["state"] == TaskState.QUEUED and second["late_state"] is None
 
 
 def test_success_reported_before_the_reset_wins_and_nothing_is_republished(store, recovery):
     make_zombie(store, "t1")
-    zombies = store.find_zombies(utcnow(), recovery.settings.zombie_threshold)
+    zombies = store.tries.find_zombies(utcnow(), recovery.settings.zombie_threshold)
     assert [z["task_id"] for z in zombies] == ["t1"]
     # The postrun write lands between the sweep's find and its reset.
-    store.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS)
+    store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS)
     report = recovery.sweep()
     assert report.republished == 0 and report.errors == 0
-    assert [t["state"] for t in store.tries("t1")] == [TaskState.SUCCESS]
-    assert store.pending_callbacks() == []
+    assert [t["state"] for t in store.tries.history("t1")] == [TaskState.SUCCESS]
+    assert store.outbox.pending_callbacks() == []
 
 
 def test_two_sweeps_over_the_same_zombies_handle_each_once(store, recovery):
@@ -101,7 +101,7 @@ def test_two_sweeps_over_the_same_zombies_handle_each_once(store, recovery):
     assert sum(r.republished for r in reports) == 20, [str(r.as_dict()) for r in reports]
     assert sum(r.errors for r in reports) == 0
     for i in range(20):
-        assert [t["state"] for t in store.tries(f"t{i}")] == [
+        assert [t["state"] for t in store.tries.history(f"t{i}")] == [
             TaskState.UP_FOR_RETRY,
             TaskState.QUEUED,
         ]
@@ -109,24 +109,24 @@ def test_two_sweeps_over_the_same_zombies_handle_each_once(store, recovery):
 
 def test_heartbeat_arriving_during_the_sweep_is_not_an_error(store, recovery, monkeypatch):
     make_zombie(store, "t1")
-    found = store.find_zombies
+    found = store.tries.find_zombies
 
     def find_then_beat(*args, **kwargs):
         rows = found(*args, **kwargs)
-        store.heartbeat("deadjob", utcnow())  # the paused worker wakes up now
+        store.jobs.heartbeat("deadjob", utcnow())  # the paused worker wakes up now
         return rows
 
-    monkeypatch.setattr(store, "find_zombies", find_then_beat)
-    monkeypatch.setattr(recovery, "store", store)
+    monkeypatch.setattr(store.tries, "find_zombies", find_then_beat)
+    monkeypatch.setattr(recovery.context, "store", store)
     report = recovery.sweep()
     assert report.errors == 0 and report.republished == 1
-    assert store.get_job("deadjob")["state"] == JobState.FAILED
+    assert store.jobs.get_job("deadjob")["state"] == JobState.FAILED
 
 
 def test_a_redelivery_reclaiming_the_try_first_makes_the_reset_lose(store, recovery):
     make_zombie(store, "t1")
     # acks_late: the broker redelivered the message to a live worker, which claimed it.
-    assert store.mark_running(
+    assert store.tries.mark_running(
         {
             "task_id": "t1",
             "try_number": 1,
@@ -137,7 +137,7 @@ def test_a_redelivery_reclaiming_the_try_first_makes_the_reset_lose(store, recov
             "updated_at": utcnow(),
         }
     )
-    store.add_job(
+    store.jobs.add_job(
         {
             "id": "livejob",
             "job_type": JobType.WORKER,
@@ -150,7 +150,7 @@ def test_a_redelivery_reclaiming_the_try_first_makes_the_reset_lose(store, recov
     )
     report = recovery.sweep()
     assert report.zombies == 0 and report.republished == 0
-    assert store.tries("t1")[0]["job_id"] == "livejob"
+    assert store.tries.history("t1")[0]["job_id"] == "livejob"
 
 
 def test_one_bad_row_does_not_stop_the_others(store, recovery):
@@ -170,17 +170,23 @@ def test_one_bad_row_does_not_stop_the_others(store, recovery):
         recovery.app.send_task = real
     assert report.errors == 1 and report.republished == 1
     # The bad one's next try stays queued: the lost-message sweep publishes it later.
-    assert [t["state"] for t in store.tries("bad")] == [TaskState.UP_FOR_RETRY, TaskState.QUEUED]
-    assert [t["state"] for t in store.tries("good")] == [TaskState.UP_FOR_RETRY, TaskState.QUEUED]
+    assert [t["state"] for t in store.tries.history("bad")] == [
+        TaskState.UP_FOR_RETRY,
+        TaskState.QUEUED,
+    ]
+    assert [t["state"] for t in store.tries.history("good")] == [
+        TaskState.UP_FOR_RETRY,
+        TaskState.QUEUED,
+    ]
 
 
 def test_store_errors_mid_pass_are_reported_not_raised(recovery, monkeypatch):
-    from celery_recovery.errors import StoreUnavailableError
+    from celery_recovery.core.errors import StoreUnavailableError
 
     def down(*args, **kwargs):
         raise StoreUnavailableError("store went away")
 
-    monkeypatch.setattr(recovery.store, "find_zombies", down)
+    monkeypatch.setattr(recovery.store.tries, "find_zombies", down)
     report = recovery.sweep()
     assert report.errors >= 1
 
@@ -198,11 +204,11 @@ def test_zombies_are_probed_in_one_backend_round_trip(store, recovery, monkeypat
     report = recovery.sweep()
     assert calls == [5]
     assert (report.reconciled, report.republished) == (1, 4)
-    assert store.tries(ids[3])[0]["state"] == TaskState.SUCCESS
+    assert store.tries.history(ids[3])[0]["state"] == TaskState.SUCCESS
 
 
 def live_job(store, job_id="livejob", node="w@alive", pid=777):
-    store.add_job(
+    store.jobs.add_job(
         {
             "id": job_id,
             "job_type": JobType.WORKER,
@@ -225,11 +231,11 @@ def test_started_on_a_live_worker_is_adopted_with_a_deadline(store, recovery, ad
     recovery.app.backend.store_result(task_id, {"hostname": "w@alive", "pid": 777}, "STARTED")
     report = recovery.sweep()
     assert (report.adopted, report.republished) == (1, 0)
-    (adopted,) = store.tries(task_id)
+    (adopted,) = store.tries.history(task_id)
     assert adopted["job_id"] == "livejob" and adopted["adopted_until"] is not None
     assert recovery.sweep().adopted == 0  # adopted once, not again
     if adopter_claims:  # the live worker really runs it: its claim confirms the adoption
-        store.mark_running(
+        store.tries.mark_running(
             {
                 "task_id": task_id,
                 "try_number": 1,
@@ -241,15 +247,18 @@ def test_started_on_a_live_worker_is_adopted_with_a_deadline(store, recovery, ad
             }
         )
     later = adopted["adopted_until"] + timedelta(seconds=1)
-    store.heartbeat("livejob", later)  # the adopter stays alive all along
+    store.jobs.heartbeat("livejob", later)  # the adopter stays alive all along
     report = recovery.sweep(now=later)
     if adopter_claims:
-        assert report.republished == 0 and store.tries(task_id)[0]["state"] == TaskState.RUNNING
+        assert (
+            report.republished == 0
+            and store.tries.history(task_id)[0]["state"] == TaskState.RUNNING
+        )
     else:
         assert report.republished == 1
-        assert [t["state"] for t in store.tries(task_id)] == [
+        assert [t["state"] for t in store.tries.history(task_id)] == [
             TaskState.UP_FOR_RETRY,
             TaskState.QUEUED,
         ]
-        assert "adoption by job livejob expired" in store.tries(task_id)[0]["state_reason"]
-    assert store.get_job("livejob")["state"] == JobState.RUNNING
+        assert "adoption by job livejob expired" in store.tries.history(task_id)[0]["state_reason"]
+    assert store.jobs.get_job("livejob")["state"] == JobState.RUNNING

@@ -26,7 +26,7 @@ def test_success_whose_write_was_lost_is_reconciled_not_rerun(
     worker = start_worker(store_url=worker_url, concurrency=1)
     result = client.send_task("lifecycle.sleep_for", (2,))
     wait_for(
-        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries(result.id)),
+        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries.history(result.id)),
         15,
         what="the claim",
     )
@@ -36,11 +36,11 @@ def test_success_whose_write_was_lost_is_reconciled_not_rerun(
 
     report = sweep_until(
         client,
-        lambda: store.tries(result.id)[0]["state"] != TaskState.RUNNING,
+        lambda: store.tries.history(result.id)[0]["state"] != TaskState.RUNNING,
         20,
         "the zombie to be reconciled",
     )
-    (record,) = store.tries(result.id)
+    (record,) = store.tries.history(result.id)
     assert record["state"] == TaskState.SUCCESS
     assert "result backend reports SUCCESS" in record["state_reason"]
     assert report is True
@@ -73,7 +73,7 @@ def test_message_deleted_from_the_broker_is_published_again_and_completes(
     sweep_until(client, result.ready, 20, "the lost message to be re-sent and run")
     assert result.get(timeout=5) == 42
     tries = wait_for(
-        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        lambda: (t := store.tries.history(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
         10,
         what="try 2 to succeed",
     )
@@ -107,7 +107,7 @@ def test_lost_message_of_a_later_try_is_published_again(
     sweep_until(client, result.ready, 20, "the lost message to be re-sent and run")
     assert result.get(timeout=5) == 42
     tries = wait_for(
-        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        lambda: (t := store.tries.history(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
         10,
         what="try 2 to succeed",
     )
@@ -124,10 +124,10 @@ def lose_until(client, store, queue_url: str, queue: str, task_id: str, done, wh
     def lose_and_sweep():
         broker.delete(queue)
         recovery.sweep()
-        return done(store.tries(task_id))
+        return done(store.tries.history(task_id))
 
     wait_for(lose_and_sweep, 15, interval=0.5, what=what)
-    return store.tries(task_id)
+    return store.tries.history(task_id)
 
 
 def test_lost_messages_are_failed_after_the_republish_bound(
@@ -172,7 +172,7 @@ def test_live_jobs_are_not_zombies(client_app, store, start_worker):
     start_worker()
     result = client_app.send_task("lifecycle.sleep_for", (4,))
     wait_for(
-        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries(result.id)),
+        lambda: any(t["state"] == TaskState.RUNNING for t in store.tries.history(result.id)),
         15,
         what="the task to run",
     )
@@ -181,4 +181,4 @@ def test_live_jobs_are_not_zombies(client_app, store, start_worker):
         report = recovery.sweep()
         assert report.zombies == 0 and report.republished == 0
     assert result.get(timeout=15) == 4
-    assert len(store.list_jobs(JobType.WORKER)) == 3  # the main process and two pool processes
+    assert len(store.jobs.list_jobs(JobType.WORKER)) == 3  # the main process and two pool processes

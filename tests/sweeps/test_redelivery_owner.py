@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.execution import check_delivery, was_dropped
 from celery_recovery.recovery import recovery_for_app
-from celery_recovery.timeutils import utcnow
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.test_races import make_zombie
 
@@ -48,14 +48,14 @@ def test_redelivery_waits_for_the_owner_to_prove_alive_or_dead(client_app, store
 
     def beat():
         while not stop.wait(INTERVAL):
-            store.heartbeat("owner", utcnow())
+            store.jobs.heartbeat("owner", utcnow())
 
     beater = threading.Thread(target=beat, daemon=True)
     if owner_alive:
         beater.start()
     began = time.monotonic()
     try:
-        dropped = check_delivery(recovery, redelivery("t1"), "t1")
+        dropped = check_delivery(recovery.context, redelivery("t1"), "t1")
     finally:
         stop.set()
     took = time.monotonic() - began

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from celery_recovery import TaskState
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import reservations
-from celery_recovery.timeutils import utcnow
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.helpers import count, ledger_lines, running_try, sweep_until
 from tests.workers import wait_for
@@ -67,7 +67,7 @@ def test_a_killed_workers_reserved_and_eta_tasks_run_once_on_another_worker(
     # Its worker is alive: a sweep leaves what it holds alone.
     assert recovery.sweep().reserved == 0
     for result in reserved:
-        assert [(t["try_number"], t["state"]) for t in store.tries(result.id)] == [
+        assert [(t["try_number"], t["state"]) for t in store.tries.history(result.id)] == [
             (1, TaskState.QUEUED)
         ]
 
@@ -87,15 +87,17 @@ def test_a_killed_workers_reserved_and_eta_tasks_run_once_on_another_worker(
     sweep_until(client_app, later.ready, COUNTDOWN + 15, "the countdown task")
     assert later.get(timeout=5) == 0.1
     done = wait_for(
-        lambda: next((t for t in store.tries(later.id) if t["state"] == TaskState.SUCCESS), None),
+        lambda: next(
+            (t for t in store.tries.history(later.id) if t["state"] == TaskState.SUCCESS), None
+        ),
         5,
-        what=f"the countdown task's success to be recorded: {store.tries(later.id)}",
+        what=f"the countdown task's success to be recorded: {store.tries.history(later.id)}",
     )
     assert done["started_at"] >= eta, (done["started_at"], eta)
     if broker == "redis":
         # Redis keeps the originals: each was published again by the sweep as try 2.
         for result in reserved:
-            tries = store.tries(result.id)
+            tries = store.tries.history(result.id)
             assert [(t["try_number"], t["state"]) for t in tries] == [
                 (1, TaskState.UP_FOR_RETRY),
                 (2, TaskState.SUCCESS),

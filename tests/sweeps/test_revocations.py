@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from celery_recovery import TaskState
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.revocations import revoked_because
-from celery_recovery.timeutils import utcnow
 from tests.conftest import app_env
 from tests.workers import ROOT, wait_for
 
@@ -33,7 +33,9 @@ def stamped(app, name, args, **stamps):
 
 
 def states(store, *results):
-    return {r.id: [(t["try_number"], t["state"]) for t in store.tries(r.id)] for r in results}
+    return {
+        r.id: [(t["try_number"], t["state"]) for t in store.tries.history(r.id)] for r in results
+    }
 
 
 @pytest.mark.slow
@@ -85,7 +87,7 @@ def test_revoked_expired_and_purged_tasks_end_revoked_and_are_not_published_agai
     assert report.lost_republished == 0
     assert report.revoked == len(unseen)
     assert states(store, *seen, *unseen) == {r.id: [(1, REVOKED)] for r in (*seen, *unseen)}
-    reasons = {r.id: store.tries(r.id)[0]["state_reason"] for r in unseen}
+    reasons = {r.id: store.tries.history(r.id)[0]["state_reason"] for r in unseen}
     assert "app.control.revoke)" in reasons[by_id.id]
     assert "stamped header case" in reasons[by_stamp.id]
     assert "expired" in reasons[expired.id]
@@ -102,12 +104,12 @@ def test_revoked_expired_and_purged_tasks_end_revoked_and_are_not_published_agai
     assert by_stamp.get(timeout=20) == 10
     wait_for(lambda: expired.state == "REVOKED", 15, what="the worker to discard the expired one")
     wait_for(
-        lambda: [t["state"] for t in store.tries(by_stamp.id)] == [TaskState.SUCCESS],
+        lambda: [t["state"] for t in store.tries.history(by_stamp.id)] == [TaskState.SUCCESS],
         10,
         what="the delivered one to be recorded",
     )
-    assert [t["state"] for t in store.tries(by_id.id)] == [TaskState.SUCCESS]
-    assert [t["state"] for t in store.tries(expired.id)] == [REVOKED]
+    assert [t["state"] for t in store.tries.history(by_id.id)] == [TaskState.SUCCESS]
+    assert [t["state"] for t in store.tries.history(expired.id)] == [REVOKED]
     assert purged.state == purged_by_cli.state == "PENDING"
 
 

@@ -42,7 +42,7 @@ def _first_pid(ledger) -> int | None:
 
 
 def _states(store, task_id: str) -> list[tuple[int, str]]:
-    return [(t["try_number"], t["state"]) for t in store.tries(task_id)]
+    return [(t["try_number"], t["state"]) for t in store.tries.history(task_id)]
 
 
 def _sweep_for(app, seconds: float) -> None:
@@ -80,7 +80,7 @@ def test_a_killed_pool_process_fails_its_try_at_once_and_its_callbacks_run_once(
     wait_for(all_recorded, 10, interval=0.02, what="the killed tries to be recorded")
     print(f"\nkill -> try recorded: {recorded}")
     decided = {
-        name: store.tries(result.id)[0]["ended_at"].timestamp() - killed_wall
+        name: store.tries.history(result.id)[0]["ended_at"].timestamp() - killed_wall
         for name, result in results.items()
     }
     print(f"kill -> try's recorded end: {decided}")
@@ -88,7 +88,7 @@ def test_a_killed_pool_process_fails_its_try_at_once_and_its_callbacks_run_once(
     # later by a sweep.  Celery's own detection takes 0.05-1 s (idle machine); the
     # buffered write lands within the writer's flush.
     for name, result in results.items():
-        first = store.tries(result.id)[0]
+        first = store.tries.history(result.id)[0]
         assert first["recovered_at"] is None, (name, first["state_reason"])
         assert first["state_reason"].startswith("its pool process died"), first["state_reason"]
 
@@ -146,7 +146,7 @@ def test_a_task_that_kills_its_process_runs_max_retries_plus_one_times_then_fail
     print(f"\npoison task: {runs} runs, FAILURE {failed_after:.1f}s after it was sent")
     assert runs == 3, ledger_lines(ledger)
     assert count(ledger, "on_failure WorkerLostError") == 1, ledger_lines(ledger)
-    [only] = store.tries(result.id)
+    [only] = store.tries.history(result.id)
     assert (only["state"], only["deaths"]) == (TaskState.FAILED, 3), only
     assert "max_retries (2) exceeded" in only["state_reason"]
-    assert recovery_for_app(client_app).store.pending_callbacks() == []
+    assert recovery_for_app(client_app).store.outbox.pending_callbacks() == []

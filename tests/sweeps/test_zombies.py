@@ -58,7 +58,7 @@ def test_sigkilled_task_completes_on_another_worker_exactly_once(
     assert result.get(timeout=30) == 6
 
     tries = wait_for(
-        lambda: (t := store.tries(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
+        lambda: (t := store.tries.history(result.id)) and t[-1]["state"] == TaskState.SUCCESS and t,
         10,
         what="try 2 to succeed",
     )
@@ -68,7 +68,7 @@ def test_sigkilled_task_completes_on_another_worker_exactly_once(
     ]
     assert "worker lost" in tries[0]["state_reason"] and tries[0]["recovered_at"]
     assert tries[1]["job_id"] != first["job_id"]
-    assert store.get_job(first["job_id"])["state"] == JobState.FAILED
+    assert store.jobs.get_job(first["job_id"])["state"] == JobState.FAILED
     assert count(ledger, "start") == 2 and count(ledger, "done") == 1, ledger_lines(ledger)
 
 
@@ -81,19 +81,19 @@ def test_exhausted_retries_fail_the_task_and_run_on_failure_once(
     running_try(store, result.id)
     doomed.kill()
     recovery = recovery_for_app(client_app)
-    wait_for(lambda: store.find_zombies(_now(), ZOMBIE), ZOMBIE + 5, what="the zombie")
+    wait_for(lambda: store.tries.find_zombies(_now(), ZOMBIE), ZOMBIE + 5, what="the zombie")
 
     # Two sweeps at once, as two beats or a beat and a worker fallback would.
     reports = run_concurrently(recovery.sweep)
 
-    (only,) = store.tries(result.id)
+    (only,) = store.tries.history(result.id)
     assert only["state"] == TaskState.FAILED and "max_retries (0) exceeded" in only["state_reason"]
     assert sum(r.failed for r in reports) == 1
     assert sum(r.errors for r in reports) == 0
     recovery.sweep()  # a later pass delivers nothing more
     failures = [line for line in ledger_lines(ledger) if line.startswith("on_failure")]
     assert failures == [f"on_failure LostWorkerError pid={_pid()}"]
-    assert store.pending_callbacks() == []
+    assert store.outbox.pending_callbacks() == []
     # Found by the chaos run: the result backend used to say STARTED forever.
     assert result.state == "FAILURE"
     with pytest.raises(Exception, match="max_retries") as raised:
@@ -102,7 +102,7 @@ def test_exhausted_retries_fail_the_task_and_run_on_failure_once(
 
 
 def _now():
-    from celery_recovery.timeutils import utcnow
+    from celery_recovery.core.timeutils import utcnow
 
     return utcnow()
 
@@ -140,7 +140,7 @@ def test_redelivered_original_of_a_recovered_try_does_not_run_again(
         assert count(ledger, "done") == 1, ledger_lines(ledger)
         recovery_for_app(client_app).sweep()
         time.sleep(0.5)
-    tries = [(t["try_number"], t["state"]) for t in store.tries(result.id)]
+    tries = [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
     assert tries in (
         [(1, TaskState.SUCCESS)],  # the broker's redelivery claimed the try first
         [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)],  # the sweep did

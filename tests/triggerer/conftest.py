@@ -52,7 +52,7 @@ class TriggererProcess:
         """This triggerer's job id, once it registered."""
 
         def found():
-            for job in store.list_jobs(job_type="triggerer", state="running"):
+            for job in store.jobs.list_jobs(job_type="triggerer", state="running"):
                 if job["pid"] == self.pid:
                     return job["id"]
             if self.proc.poll() is not None:

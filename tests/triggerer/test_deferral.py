@@ -12,7 +12,7 @@ from tests.workers import wait_for
 
 
 def _state(store, task_id: str) -> str | None:
-    tries = store.tries(task_id)
+    tries = store.tries.history(task_id)
     return tries[-1]["state"] if tries else None
 
 
@@ -24,7 +24,7 @@ def test_trigger_event_resumes_the_task_in_its_method(
     result = client_app.tasks["lifecycle.wait"].delay(str(ledger), 1.5)
     wait_for(lambda: _state(store, result.id) == TaskState.DEFERRED, 20, what="deferred")
     assert result.state == DEFERRED_STATE
-    [trigger] = store.list_triggers(result.id)
+    [trigger] = store.triggers.list_triggers(result.id)
     assert trigger["classpath"] == "tests.apps.triggers.Sleep"
     assert trigger["method_name"] == "resumed" and trigger["triggerer_id"] is None
     start_triggerer()
@@ -35,8 +35,8 @@ def test_trigger_event_resumes_the_task_in_its_method(
     assert [line.split()[0] for line in lines] == ["start", "resumed"], lines
     # The worker writes the outcome a moment after the result (write-behind).
     wait_for(lambda: _state(store, result.id) == TaskState.SUCCESS, 10, what="success")
-    assert len(store.tries(result.id)) == 1  # resumed as the same try
-    assert store.list_triggers(result.id) == []
+    assert len(store.tries.history(result.id)) == 1  # resumed as the same try
+    assert store.triggers.list_triggers(result.id) == []
 
 
 def test_a_lost_resume_message_is_published_again_and_resumes(
@@ -70,7 +70,7 @@ def test_a_lost_resume_message_is_published_again_and_resumes(
         "resumed",
         "start",
     ]
-    tries = store.tries(result.id)
+    tries = store.tries.history(result.id)
     assert "message lost" in tries[0]["state_reason"]
 
 
@@ -85,9 +85,9 @@ def test_task_success_event_completes_the_task_with_no_worker(
     assert result.get(timeout=30) == {"slept": 1.5}
     # The result backend is written first, then the record (so a crash between is redone).
     wait_for(lambda: _state(store, result.id) == TaskState.SUCCESS, 10, what="success")
-    [record] = store.tries(result.id)
+    [record] = store.tries.history(result.id)
     assert record["state_reason"] == "completed by its trigger"
-    assert store.list_triggers(result.id) == []
+    assert store.triggers.list_triggers(result.id) == []
 
 
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
@@ -116,7 +116,7 @@ def test_failing_triggers_fail_their_task_and_its_callbacks_run(
             result.get(timeout=30)
         assert type(raised.value).__name__ == exc_type.__name__, kind
         wait_for(lambda r=result: _state(store, r.id) == TaskState.FAILED, 10, what=kind)
-        [record] = store.tries(result.id)
+        [record] = store.tries.history(result.id)
         assert text in record["error"], (kind, record["error"])
     # The failure callbacks come from the outbox, delivered by the sweep.
     sweep_until(
@@ -149,7 +149,7 @@ def test_bad_trigger_arguments_fail_at_defer_time_and_store_nothing(
     result = client_app.tasks["lifecycle.wait_on"].delay(str(tmp_path / "l"), "NotJson")
     with pytest.raises(Exception, match="must be JSON"):
         result.get(timeout=20)
-    assert store.list_triggers(result.id) == []
+    assert store.triggers.list_triggers(result.id) == []
     wait_for(lambda: _state(store, result.id) == TaskState.FAILED, 10, what="failed")
 
 

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.parametrize("store_url", ["postgresq
 
 
 def _held_by(store, job_id: str) -> list[dict]:
-    return [t for t in store.list_triggers() if t["triggerer_id"] == job_id]
+    return [t for t in store.triggers.list_triggers() if t["triggerer_id"] == job_id]
 
 
 def _resumed(ledger) -> collections.Counter:
@@ -32,7 +32,7 @@ def _defer(client_app, store, ledger, count: int, seconds: float, queue: str = "
     ]
     ids = {r.id for r in results}
     wait_for(
-        lambda: len({t["task_id"] for t in store.list_triggers()} & ids) == count,
+        lambda: len({t["task_id"] for t in store.triggers.list_triggers()} & ids) == count,
         60,
         what=f"{count} deferred tasks",
     )
@@ -50,11 +50,11 @@ def test_a_killed_triggerers_triggers_complete_on_the_other_once(
     wait_for(lambda: len(_held_by(store, first_id)) == 100, 20, what="the first to hold all")
     second = start_triggerer()
     second_id = second.job_id(store)
-    latest_due = max(t["kwargs"]["until"] for t in store.list_triggers())
+    latest_due = max(t["kwargs"]["until"] for t in store.triggers.list_triggers())
     first.kill()
     killed_at = time.monotonic()
 
-    from celery_recovery.timeutils import as_utc, utcnow
+    from celery_recovery.core.timeutils import as_utc, utcnow
 
     delay = max((as_utc(latest_due) - utcnow()).total_seconds(), 0)
     bound = FAST_SETTINGS["health_check_threshold"] + FAST_SETTINGS["sweep_interval"] + delay + 5
@@ -111,5 +111,5 @@ def test_sigterm_hands_the_triggers_to_another_triggerer_at_once(
     assert "released 10 triggers" in first.log
     assert {r.get(timeout=30)["event"]["pid"] for r in results} == {second.pid}
     assert set(_resumed(ledger).values()) == {1}
-    [job] = [j for j in store.list_jobs(job_type="triggerer") if j["id"] == first_id]
+    [job] = [j for j in store.jobs.list_jobs(job_type="triggerer") if j["id"] == first_id]
     assert job["state"] == "success"

@@ -13,7 +13,7 @@ from celery_recovery import (
     TaskState,
     TimeDeltaTrigger,
 )
-from celery_recovery.timeutils import utcnow
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.triggers.loading import TriggerLoadError, load_trigger, serialize_trigger
 from tests.apps.triggers import NotJson
 from tests.workers import wait_for
@@ -83,7 +83,9 @@ def test_task_result_trigger_waits_for_another_task_without_a_worker_slot(
     ended = client_app.tasks["lifecycle.follow"].delay(str(tmp_path / "l"), other.id, end=True)
     for follower in (resumed, ended):
         wait_for(
-            lambda f=follower: [t["state"] for t in store.tries(f.id)] == [TaskState.DEFERRED],
+            lambda f=follower: (
+                [t["state"] for t in store.tries.history(f.id)] == [TaskState.DEFERRED]
+            ),
             20,
             what="a deferred follower",
         )
@@ -103,7 +105,7 @@ def test_a_hostile_trigger_row_is_never_imported_and_fails_its_task(
     """Someone with write access to the store points a deferred task at os.system."""
     start_worker(concurrency=1)
     result = client_app.tasks["lifecycle.wait"].delay(str(tmp_path / "l"), 3600)
-    wait_for(lambda: store.list_triggers(result.id), 20, what="the trigger row")
+    wait_for(lambda: store.triggers.list_triggers(result.id), 20, what="the trigger row")
     marker = tmp_path / "pwned"
     with store.transaction() as conn:
         conn.exec_driver_sql(
@@ -114,4 +116,6 @@ def test_a_hostile_trigger_row_is_never_imported_and_fails_its_task(
     with pytest.raises(Exception, match="outside the allowed modules"):
         result.get(timeout=30)
     assert not marker.exists()
-    wait_for(lambda: store.tries(result.id)[0]["state"] == TaskState.FAILED, 10, what="failed")
+    wait_for(
+        lambda: store.tries.history(result.id)[0]["state"] == TaskState.FAILED, 10, what="failed"
+    )

@@ -6,7 +6,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from celery_recovery.settings import RecoverySettings
+from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.web.app import create_app, secured
 
 

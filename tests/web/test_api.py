@@ -13,9 +13,9 @@ from datetime import timedelta
 import pytest
 import redis
 
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.locks.redis_lock import IdempotencyLocks
 from celery_recovery.recovery import recovery_for_app
-from celery_recovery.timeutils import utcnow
 from tests.cli.helpers import add_job, add_trigger, add_try
 from tests.services import BROKER_DB
 from tests.sweeps.test_races import make_zombie
@@ -125,7 +125,7 @@ def test_jobs_deferred_and_callbacks(store, client):
     assert overview["jobs"]["triggerer"][0]["late"] is True
     assert overview["counts"]["deferred"] == 1
     assert overview["sweepers"] == []
-    store.acquire_lease("sweep-fallback", "worker-host:77", utcnow(), ttl=30)
+    store.leases.acquire_lease("sweep-fallback", "worker-host:77", utcnow(), ttl=30)
     [sweeper] = client.get("/api/overview").json()["sweepers"]
     assert (sweeper["name"], sweeper["holder"]) == ("sweep-fallback", "worker-host:77")
     workers = client.get("/api/jobs", params={"type": "worker", "limit": 2}).json()
@@ -155,7 +155,7 @@ def test_locks_lists_held_keys_from_redis(store, redis_service):
 
 
 def test_the_console_cannot_write(store, client):
-    from celery_recovery.errors import StoreError
+    from celery_recovery.core.errors import StoreError
     from celery_recovery.store.schema import jobs
 
     assert client.post("/api/overview").status_code == 405
@@ -173,7 +173,7 @@ def test_a_dropped_stale_delivery_is_in_the_audit_log(store, client_app, client)
     make_zombie(store, "t1", age=60.0)
     assert recovery.sweep().republished == 1
     # When the broker hands the worker the old message of try 1 again
-    assert check_delivery(recovery, redelivery("t1"), "t1") is True
+    assert check_delivery(recovery.context, redelivery("t1"), "t1") is True
     assert was_dropped("t1")
     recovery.runtime.writer.flush()
     # Then the log says that delivery was dropped, and why

@@ -45,7 +45,7 @@ def test_a_killed_workers_task_is_told_in_the_console(
     doomed = start_worker(name="doomed", concurrency=1)
     result = client_app.send_task("lifecycle.ledger_sleep", (str(tmp_path / "ledger"), 4))
     first = running_try(store, result.id)
-    dead = store.get_job(first["job_id"])
+    dead = store.jobs.get_job(first["job_id"])
     start_worker(name="survivor", concurrency=1)
     # When it is SIGKILLed and the sweep recovers its task
     doomed.kill()
@@ -53,7 +53,9 @@ def test_a_killed_workers_task_is_told_in_the_console(
     # (recovery speed is test_zombies's to check; here only the console is, so wait generously)
     sweep_until(client_app, lambda: try_started(store, result.id, 2), threshold + 45, "try 2")
     assert result.get(timeout=30) == 4
-    wait_for(lambda: store.tries(result.id)[-1]["state"] == "success", 10, what="try 2 success")
+    wait_for(
+        lambda: store.tries.history(result.id)[-1]["state"] == "success", 10, what="try 2 success"
+    )
     # (a waiting deferred task and a held lock, so that every page has something to show)
     add_trigger(store, add_try(store, "deferred", task_name="lifecycle.wait_for_payment"), None)
     locks_url = f"{redis_service}/{BROKER_DB}"

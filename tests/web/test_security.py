@@ -7,8 +7,8 @@ import base64
 import pytest
 from sqlalchemy.engine import make_url
 
-from celery_recovery.errors import ConfigurationError
-from celery_recovery.settings import RecoverySettings
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.store import Store
 from celery_recovery.web.app import create_app, secured
 from tests.cli.helpers import add_try, run

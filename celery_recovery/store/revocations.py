@@ -1,6 +1,6 @@
 """Revocations and purges made through a Recovery app's control object.
 
-Mixed into :class:`~celery_recovery.store.Store`.  Rows are only inserted and
+Rows are only inserted and
 read: the lost-message sweep consults them before it publishes an overdue
 queued try again (see :mod:`celery_recovery.revocations`); ``db clean`` ages
 them out.
@@ -9,21 +9,17 @@ them out.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, or_, select
-from sqlalchemy.engine import Connection
 
-from .schema import revocations
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import revocations
 
 
-class RevocationOperations:
+class RevocationRepository(Repository):
     """Store methods for :mod:`celery_recovery.revocations`."""
-
-    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
-        raise NotImplementedError
 
     def record_revocations(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert revocation rows (``kind`` task/stamp/purge, ``created_at``, and their key)."""

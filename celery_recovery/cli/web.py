@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from .cli import CLIError, _settings, recovery
-from .errors import RecoveryError
-from .urls import mask_secrets
-from .web.serve import DEFAULT_BIND, DEFAULT_PORT
+from celery_recovery.cli.support import CLIError, settings_of
+from celery_recovery.core.errors import RecoveryError
+from celery_recovery.core.urls import mask_secrets
+from celery_recovery.web.serve import DEFAULT_BIND, DEFAULT_PORT
 
 
-@recovery.command("web")
+@click.command("web")
 @click.option(
     "--port",
     type=click.IntRange(1, 65535),
@@ -41,9 +41,9 @@ def web(ctx: click.Context, port: int, bind: str, show_args: bool) -> None:
       celery-recovery --database-url postgresql+psycopg://db/recovery web --port 9809
       open http://127.0.0.1:9809/
     """
-    from .web.serve import build, serve
+    from celery_recovery.web.serve import build, serve
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     try:
         build(settings, bind, show_args)  # refuse before printing that it serves
         click.echo(

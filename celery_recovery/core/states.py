@@ -22,6 +22,9 @@ FINISHED_TASK_STATES = frozenset(
     {TaskState.UP_FOR_RETRY, TaskState.SUCCESS, TaskState.FAILED, TaskState.REVOKED}
 )
 
+#: Result-backend state of a task waiting for its trigger.
+DEFERRED_STATE = "DEFERRED"
+
 
 class JobState(StrEnum):
     """State of a participating process (one row of ``jobs``)."""

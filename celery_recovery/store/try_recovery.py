@@ -1,59 +1,45 @@
-"""The store operations the sweeps use: find, reset, reconcile, adopt, outbox, leases.
+"""What the sweeps do to tries: find zombies and lost messages, reset, reconcile, adopt.
 
-Mixed into :class:`~celery_recovery.store.Store`.  Each method is one short
-transaction; every change is a compare-and-set that also checks the job the
-sweep saw, so a try that a redelivery re-claimed meanwhile is left alone.
+Each method is one short transaction; every change is a compare-and-set that also
+checks the job the sweep saw, so a try that a redelivery re-claimed meanwhile is
+left alone.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, exists, func, or_, select, update
+from sqlalchemy import (
+    and_,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
 
-from ..audit import Decision
-from ..states import JobState, JobType, TaskState
-from .audit_ops import append_decision
-from .schema import callbacks, jobs, leases, reservations, same_try, task_records
+from celery_recovery.core.audit import Decision
+from celery_recovery.core.records import ResetPlan
+from celery_recovery.core.states import JobState, TaskState
+from celery_recovery.store.audit import append_decision
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import (
+    callbacks,
+    jobs,
+    reservations,
+    same_try,
+    task_records,
+)
 
 #: Extra age, in seconds, before a running try whose job row is missing counts as
 #: a zombie: the job may have been unable to register while the store was down.
 MISSING_JOB_GRACE = 60.0
 
 
-@dataclass(frozen=True)
-class ResetPlan:
-    """What a sweep decided for one zombie or lost try, applied in one transaction."""
-
-    task_id: str
-    try_number: int
-    expected_state: TaskState
-    expected_job_id: str | None
-    new_state: TaskState
-    reason: str
-    next_record: dict[str, Any] | None = None
-    callback: dict[str, Any] | None = None
-    dead_job_id: str | None = None
-    #: The audit row, written only when the reset wins.
-    audit: Decision | None = None
-
-
-class SweepOperations:
-    """Store methods used by the sweeps (see :mod:`celery_recovery.sweeps`)."""
-
-    dialect: str
-
-    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
-        raise NotImplementedError
-
-    def _insert(self, table: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    # -- finding work --------------------------------------------------------
+class TryRecovery(Repository):
+    """The sweeps' reads and compare-and-set changes of tries (part of :class:`TryRepository`)."""
 
     def find_zombies(self, now: datetime, threshold: float, limit: int = 500) -> list[dict]:
         """Running tries whose job stopped heartbeating, ended, or never registered."""
@@ -117,41 +103,6 @@ class SweepOperations:
         )
         with self.transaction() as conn:
             return [dict(row) for row in conn.execute(stmt).mappings()]
-
-    def live_jobs(self, now: datetime, threshold: float, job_type: JobType) -> list[dict]:
-        cutoff = now - timedelta(seconds=threshold)
-        stmt = select(jobs).where(
-            jobs.c.state == JobState.RUNNING.value,
-            jobs.c.job_type == job_type.value,
-            jobs.c.latest_heartbeat >= cutoff,
-        )
-        with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
-
-    def fail_dead_jobs(
-        self, now: datetime, thresholds: dict[JobType, float]
-    ) -> list[dict[str, Any]]:
-        """Mark running jobs whose heartbeat is older than their type's threshold as failed."""
-        dead: list[dict[str, Any]] = []
-        with self.transaction() as conn:
-            for job_type, threshold in thresholds.items():
-                cutoff = now - timedelta(seconds=threshold)
-                where = (
-                    jobs.c.state == JobState.RUNNING.value,
-                    jobs.c.job_type == job_type.value,
-                    jobs.c.latest_heartbeat < cutoff,
-                )
-                found = [dict(r) for r in conn.execute(select(jobs).where(*where)).mappings()]
-                if found:
-                    conn.execute(
-                        update(jobs)
-                        .where(*where, jobs.c.id.in_([j["id"] for j in found]))
-                        .values(state=JobState.FAILED.value, end_date=now)
-                    )
-                dead.extend(found)
-        return dead
-
-    # -- changing tries ------------------------------------------------------
 
     def apply_reset(self, plan: ResetPlan, now: datetime) -> tuple[bool, bool]:
         """Apply a reset in one transaction; returns (won the try, inserted the next try).
@@ -325,138 +276,3 @@ class SweepOperations:
             .values(**values)
         )
         return conn.execute(stmt).rowcount == 1
-
-    # -- failure callbacks outbox -------------------------------------------
-
-    def claim_callbacks(
-        self, now: datetime, holder: str, lease: float, limit: int = 50
-    ) -> list[dict[str, Any]]:
-        """Claim due callback rows for ``holder`` until ``now + lease`` (SKIP LOCKED on PG)."""
-        due = (
-            select(callbacks.c.id)
-            .where(or_(callbacks.c.claimed_until.is_(None), callbacks.c.claimed_until < now))
-            .order_by(callbacks.c.id)
-            .limit(limit)
-        )
-        if self.dialect == "postgresql":
-            due = due.with_for_update(skip_locked=True)
-        stmt = (
-            update(callbacks)
-            .where(callbacks.c.id.in_(due.scalar_subquery()))
-            .values(
-                claimed_by=holder,
-                claimed_until=now + timedelta(seconds=lease),
-                attempts=callbacks.c.attempts + 1,
-            )
-            .returning(*callbacks.c)
-        )
-        with self.transaction() as conn:
-            return sorted(
-                (dict(row) for row in conn.execute(stmt).mappings()), key=lambda r: r["id"]
-            )
-
-    def delete_callback(self, callback_id: int, holder: str, audit: Decision | None = None) -> bool:
-        """Delete a delivered callback row, only while ``holder`` still owns it."""
-        stmt = delete(callbacks).where(
-            callbacks.c.id == callback_id, callbacks.c.claimed_by == holder
-        )
-        with self.transaction() as conn:
-            won = conn.execute(stmt).rowcount == 1
-            if won:
-                append_decision(conn, audit)
-            return won
-
-    def pending_callbacks(self) -> list[dict[str, Any]]:
-        with self.transaction() as conn:
-            return [
-                dict(r) for r in conn.execute(select(callbacks).order_by(callbacks.c.id)).mappings()
-            ]
-
-    # -- leases ---------------------------------------------------------------
-
-    def acquire_lease(self, name: str, holder: str, now: datetime, ttl: float) -> int | None:
-        """Take or extend lease ``name``; returns its fencing token, or None when held elsewhere.
-
-        The token grows by one with every new holder, so work guarded by an
-        older token can be told apart from the current holder's.
-        """
-        expires = now + timedelta(seconds=ttl)
-        with self.transaction() as conn:
-            conn.execute(
-                self._insert(leases)
-                .values(name=name, token=0)
-                .on_conflict_do_nothing(index_elements=["name"])
-            )
-            stmt = (
-                update(leases)
-                .where(
-                    leases.c.name == name,
-                    or_(
-                        leases.c.holder == holder,
-                        leases.c.expires_at.is_(None),
-                        leases.c.expires_at < now,
-                    ),
-                )
-                .values(
-                    token=func.coalesce(
-                        # Same holder extending keeps its token; a new holder gets the next one.
-                        _same_holder_token(holder),
-                        leases.c.token + 1,
-                    ),
-                    holder=holder,
-                    expires_at=expires,
-                )
-                .returning(leases.c.token)
-            )
-            row = conn.execute(stmt).first()
-        return int(row[0]) if row else None
-
-    def release_lease(self, name: str, holder: str, token: int) -> bool:
-        stmt = (
-            update(leases)
-            .where(leases.c.name == name, leases.c.holder == holder, leases.c.token == token)
-            .values(expires_at=None, holder=None)
-        )
-        with self.transaction() as conn:
-            return conn.execute(stmt).rowcount == 1
-
-    def mark_completed(
-        self, name: str, now: datetime, report: dict[str, Any] | None = None
-    ) -> None:
-        """Record that the work named ``name`` (e.g. a sweep) finished at ``now``, and
-        what it reported (kept when ``report`` is None)."""
-        done: dict[str, Any] = {"completed_at": now}
-        if report is not None:
-            done["report"] = report
-        with self.transaction() as conn:
-            conn.execute(
-                self._insert(leases)
-                .values(name=name, token=0, **done)
-                .on_conflict_do_update(index_elements=["name"], set_=done)
-            )
-
-    def last_completed(self, name: str) -> datetime | None:
-        with self.transaction() as conn:
-            return conn.execute(select(leases.c.completed_at).where(leases.c.name == name)).scalar()
-
-    # -- gauges for metrics -----------------------------------------------------
-
-    def gauge_snapshot(self) -> tuple[dict[str, tuple[int, datetime]], int]:
-        """Running jobs per type as (count, oldest heartbeat), and the outbox's size.
-
-        Two aggregate queries (the running-jobs one uses ``ix_jobs_live``), made
-        once per sweep pass, never per task.
-        """
-        stmt = (
-            select(jobs.c.job_type, func.count(), func.min(jobs.c.latest_heartbeat))
-            .where(jobs.c.state == JobState.RUNNING.value)
-            .group_by(jobs.c.job_type)
-        )
-        with self.transaction() as conn:
-            running = {row[0]: (int(row[1]), row[2]) for row in conn.execute(stmt)}
-            pending = conn.execute(select(func.count()).select_from(callbacks)).scalar_one()
-        return running, int(pending)
-
-
-def _same_holder_token(holder: str) -> Any:
-    return case((leases.c.holder == holder, leases.c.token), else_=None)

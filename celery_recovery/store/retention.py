@@ -1,6 +1,6 @@
 """Retention: count and delete finished history older than a cutoff, in batches.
 
-Mixed into :class:`~celery_recovery.store.Store`.  A batch is one short
+A batch is one short
 transaction that picks at most ``limit`` keys and deletes them.  On
 PostgreSQL the pick is ``FOR UPDATE SKIP LOCKED``, so a batch never waits on
 a row a sweep or worker holds (that row is simply left for a later run), and
@@ -11,20 +11,18 @@ that are queued, running or deferred (or triggers and jobs they still need).
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, and_, delete, exists, func, or_, select, tuple_
-from sqlalchemy.engine import Connection
 
-from ..states import FINISHED_TASK_STATES, JobState, TaskState
-from .claim_ops import CLAIM_PREFIX
-from .schema import (
+from celery_recovery.core.states import FINISHED_TASK_STATES, JobState, TaskState
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import (
     audit_log,
     callbacks,
     jobs,
-    leases,
+    publish_claims,
     reservations,
     revocations,
     same_try,
@@ -86,26 +84,23 @@ def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[A
         # Only overdue queued tries consult them, and those are decided long before.
         return revocations, (revocations.c.id,), (revocations.c.created_at < cutoff,)
     if name == "claims":
-        # Publish-once claims (rows of the leases table): done ones, and ones whose
+        # Publish-once claims: done ones, and ones whose
         # holder died and that nobody took over, before the cutoff.
         old = or_(
-            leases.c.completed_at < cutoff,
-            and_(leases.c.completed_at.is_(None), leases.c.expires_at < cutoff),
+            publish_claims.c.completed_at < cutoff,
+            and_(publish_claims.c.completed_at.is_(None), publish_claims.c.expires_at < cutoff),
         )
-        return leases, (leases.c.name,), (leases.c.name.startswith(CLAIM_PREFIX), old)
+        return publish_claims, (publish_claims.c.name,), (old,)
     if name == "audit_log":
         # Decisions are history only: nothing refers to them.
         return audit_log, (audit_log.c.id,), (audit_log.c.at < cutoff,)
     raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
 
 
-class RetentionOperations:
+class RetentionRepository(Repository):
     """Store methods used by ``db clean`` and the ``celery_recovery.db_clean`` task."""
 
     dialect: str
-
-    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
-        raise NotImplementedError
 
     def count_expired(self, name: str, cutoff: datetime, now: datetime) -> int:
         """How many rows of table ``name`` a clean with this cutoff would delete now."""

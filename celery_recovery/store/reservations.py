@@ -1,6 +1,6 @@
 """Reservations: which worker job holds a message it received but has not started.
 
-Mixed into :class:`~celery_recovery.store.Store`.  A worker's main process
+A worker's main process
 records each message it takes (prefetched, or waiting for its ETA) through the
 write-behind writer; the row is superseded, not deleted, when the try starts
 (the try is no longer ``queued``).  When the job dies, the reserved sweep
@@ -10,39 +10,29 @@ publishes those tries again instead of waiting for ``recovery_queued_timeout``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
-from ..states import JobState, TaskState
-from .schema import jobs, reservations, same_try, task_records
+from celery_recovery.core.states import JobState, TaskState
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import jobs, reservations, same_try, task_records
 
 
-class ReservationOperations:
+class ReservationRepository(Repository):
     """Store methods for reservations (see :mod:`celery_recovery.sweeps.reserved`)."""
-
-    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
-        raise NotImplementedError
-
-    def _insert(self, table: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
-
-    def _statement(self, key: Any, build: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
 
     def record_reservations(self, items: Sequence[tuple[str, int, str, datetime]]) -> None:
         """Record ``(task_id, try_number, job_id, reserved_at)`` items (a redelivery
         to another job moves the reservation there)."""
         if items:
             with self.transaction() as conn:
-                self._upsert_reservations(conn, items)
+                self.upsert(conn, items)
 
-    def _upsert_reservations(
-        self, conn: Connection, items: Sequence[tuple[str, int, str, datetime]]
-    ) -> None:
+    def upsert(self, conn: Connection, items: Sequence[tuple[str, int, str, datetime]]) -> None:
+        """Write reservations in the caller's transaction (the write-behind batch's)."""
         stmt = self._statement("reserved", self._build_upsert_reservation)
         # One row per try: the last reception in the batch wins, as it would in order.
         rows = {

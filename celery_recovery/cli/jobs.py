@@ -14,14 +14,13 @@ import sys
 
 import click
 
-from .cli import recovery
-from .cli_output import age_seconds
-from .cli_support import dead_after, store_of
-from .states import JobType
-from .timeutils import utcnow
+from celery_recovery.cli.output import age_seconds
+from celery_recovery.cli.support import dead_after, store_of
+from celery_recovery.core.states import JobType
+from celery_recovery.core.timeutils import utcnow
 
 
-@recovery.group()
+@click.group()
 def jobs() -> None:
     """Check the jobs (worker processes, beats, triggerers) that heartbeat into the store.
 
@@ -81,7 +80,7 @@ def check(
     with store_of(ctx) as (store, settings):
         if threshold is None:
             threshold = dead_after(job_type, settings)
-        job = store.freshest_job(job_type, host)
+        job = store.jobs.freshest_job(job_type, host)
     where = f" on {host}" if host else ""
     if job is None:
         click.echo(f"FAIL: no running {job_type} job{where}")

@@ -12,14 +12,13 @@ from typing import Any
 
 import click
 
-from .cli import CLIError, _settings, recovery
-from .cli_output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
-from .cli_support import dead_after, store_of
-from .settings import RecoverySettings
-from .states import JobState, JobType, TaskState
-from .store.sweep_ops import MISSING_JOB_GRACE
-from .timeutils import utcnow
-from .urls import mask_secrets, mask_url
+from celery_recovery.cli.output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
+from celery_recovery.cli.support import CLIError, dead_after, settings_of, store_of
+from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.core.states import JobState, JobType, TaskState
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.core.urls import mask_secrets, mask_url
+from celery_recovery.store import MISSING_JOB_GRACE
 
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print a JSON list of objects instead of a table."
@@ -29,7 +28,7 @@ limit_option = click.option(
 )
 
 
-@recovery.group()
+@click.group()
 def inspect() -> None:
     """Show zombies, orphaned triggers, deferred tasks, jobs, tries and held locks.
 
@@ -59,7 +58,7 @@ def zombies(ctx: click.Context, as_json: bool, limit: int) -> None:
     now = utcnow()
     with store_of(ctx) as (store, settings):
         silent_after = SILENT_HEARTBEATS * settings.heartbeat_interval
-        found = store.find_zombies(now, min(silent_after, settings.zombie_threshold), limit)
+        found = store.tries.find_zombies(now, min(silent_after, settings.zombie_threshold), limit)
     rows = [_zombie_row(r, now, settings.zombie_threshold) for r in found]
     columns = [
         Column("TASK ID", "task_id"),
@@ -139,9 +138,9 @@ def orphans(ctx: click.Context, as_json: bool, limit: int) -> None:
     now = utcnow()
     with store_of(ctx) as (store, settings):
         threshold = settings.health_check_threshold
-        found = store.orphan_triggers(now, threshold, limit)
-        served = store.queues_served(now, threshold)
-        live_triggerers = store.live_jobs(now, threshold, JobType.TRIGGERER)
+        found = store.triggers.orphan_triggers(now, threshold, limit)
+        served = store.triggers.queues_served(now, threshold)
+        live_triggerers = store.jobs.live_jobs(now, threshold, JobType.TRIGGERER)
     rows = [
         {
             "trigger_id": r["id"],
@@ -191,7 +190,7 @@ def deferred(ctx: click.Context, as_json: bool, limit: int) -> None:
     """
     now = utcnow()
     with store_of(ctx) as (store, settings):
-        found = store.deferred_tries(now, settings.health_check_threshold, limit)
+        found = store.triggers.deferred_tries(now, settings.health_check_threshold, limit)
     rows = [
         {
             "task_id": r["task_id"],
@@ -243,7 +242,7 @@ def jobs_view(
     """
     now = utcnow()
     with store_of(ctx) as (store, settings):
-        found = store.jobs_overview(job_type, include_ended, limit)
+        found = store.jobs.jobs_overview(job_type, include_ended, limit)
     rows = [_job_row(job, now, settings) for job in found]
     columns = [
         Column("JOB ID", "id"),
@@ -299,7 +298,7 @@ def tasks(
       celery-recovery --app proj.celery:app inspect tasks --state failed --task-name shop.charge
     """
     with store_of(ctx) as (store, _settings):
-        found = store.list_tries(state=state, task_name=task_name, limit=limit)
+        found = store.tries.list_tries(state=state, task_name=task_name, limit=limit)
     rows = [
         {
             key: r[key]
@@ -350,9 +349,9 @@ def locks(ctx: click.Context, as_json: bool, limit: int) -> None:
     """
     import redis
 
-    from .locks.inspect import held_locks
+    from celery_recovery.locks.inspect import held_locks
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     if not settings.redis_url:
         raise CLIError(
             "no Redis to inspect: set recovery_redis_url (or CELERY_RECOVERY_REDIS_URL), "

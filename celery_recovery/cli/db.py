@@ -1,16 +1,88 @@
-"""``celery-recovery db clean``: delete finished history older than a cutoff, in batches."""
+"""``db``: the store's schema (upgrade, current) and the retention of its history (clean)."""
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from .cli import db
-from .cli_output import ROW_COUNT
-from .cli_support import store_of
-from .errors import ConfigurationError
-from .retention import DEFAULT_BATCH_SIZE, check_tables, clean, count_expired, parse_cutoff
-from .store.retention_ops import RETENTION_TABLES
-from .timeutils import utcnow
+from celery_recovery.cli.output import ROW_COUNT
+from celery_recovery.cli.support import CLIError, first_line, settings_of, store_of
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.core.urls import mask_secrets, mask_url
+from celery_recovery.retention import (
+    DEFAULT_BATCH_SIZE,
+    check_tables,
+    clean,
+    count_expired,
+    parse_cutoff,
+)
+from celery_recovery.store import RETENTION_TABLES, Store
+from celery_recovery.store.engine import create_store_engine
+from celery_recovery.store.migrate import current_revision, head_revision, upgrade
+
+
+@click.group()
+def db() -> None:
+    """Manage the metadata store: its schema and the retention of history.
+
+    \b
+    Example:
+      celery-recovery db upgrade
+    """
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target schema revision.")
+@click.pass_context
+def db_upgrade(ctx: click.Context, revision: str) -> None:
+    """Create or migrate the store's tables to this version of the package.
+
+    \b
+    Example:
+      celery-recovery --database-url postgresql+psycopg://db/recovery db upgrade
+    """
+    settings = settings_of(ctx)
+    engine = create_store_engine(settings.database_url, for_migrations=True)
+    try:
+        before = current_revision(engine)
+        upgrade(engine, revision)
+        after = current_revision(engine)
+    except Exception as exc:
+        raise CLIError(
+            f"db upgrade failed on {mask_url(settings.database_url)}: "
+            f"{mask_secrets(first_line(exc))}"
+        ) from None
+    finally:
+        engine.dispose()
+    click.echo(f"{mask_url(settings.database_url)}: schema {before or 'none'} -> {after}")
+
+
+@db.command("current")
+@click.pass_context
+def db_current(ctx: click.Context) -> None:
+    """Print the store's schema revision and whether it is up to date (exit 1 if not).
+
+    \b
+    Example:
+      celery-recovery db current
+    """
+    settings = settings_of(ctx)
+    store = Store(settings.database_url)
+    try:
+        current = current_revision(store.engine)
+    except Exception as exc:
+        raise CLIError(
+            f"cannot read {mask_url(settings.database_url)}: {mask_secrets(first_line(exc))}"
+        ) from None
+    finally:
+        store.dispose()
+    head = head_revision()
+    state = "up to date" if current == head else f"needs upgrade to {head}"
+    click.echo(f"{mask_url(settings.database_url)}: schema {current or 'none'} ({state})")
+    if current != head:
+        sys.exit(1)
 
 
 @db.command("clean")

@@ -1,6 +1,6 @@
 """The store operations of deferral and the triggerer.
 
-Mixed into :class:`~celery_recovery.store.Store`.  A trigger's life is three
+A trigger's life is three
 steps, each a short transaction of its own:
 
 1. **claim**: a triggerer takes unassigned triggers, or those of a triggerer
@@ -18,18 +18,18 @@ finished by whoever claims it next, without running the trigger again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, insert, or_, select, tuple_, update
+from sqlalchemy import bindparam, delete, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 
-from ..audit import Decision
-from ..states import JobState, JobType, TaskState
-from .audit_ops import append_decision
-from .schema import callbacks, jobs, task_records, triggers
+from celery_recovery.core.audit import Decision
+from celery_recovery.core.states import TaskState
+from celery_recovery.store.audit import append_decision
+from celery_recovery.store.schema import callbacks, jobs, task_records, triggers
+from celery_recovery.store.trigger_reads import TriggerReads, live_triggerer
 
 #: Event kinds kept on a fired trigger row.
 RESUME, SUCCESS, FAILURE = "resume", "success", "failure"
@@ -64,16 +64,10 @@ class Finish:
     audit: Decision | None = None
 
 
-class TriggerOperations:
+class TriggerRepository(TriggerReads):
     """Store methods used by ``defer()`` and the triggerer."""
 
     dialect: str
-
-    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
-        raise NotImplementedError
-
-    def _insert(self, table: Any) -> Any:  # pragma: no cover
-        raise NotImplementedError
 
     # -- deferring ------------------------------------------------------------
 
@@ -360,15 +354,6 @@ class TriggerOperations:
         )
         with self.transaction() as conn:
             return set(conn.execute(stmt).scalars())
-
-
-def live_triggerer(now: datetime, threshold: float) -> Any:
-    """SQL condition: the ``jobs`` row is a running triggerer with a fresh heartbeat."""
-    return and_(
-        jobs.c.job_type == JobType.TRIGGERER.value,
-        jobs.c.state == JobState.RUNNING.value,
-        jobs.c.latest_heartbeat >= now - timedelta(seconds=threshold),
-    )
 
 
 def _failure_callback(finish: Finish, record: Any, now: datetime) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
-from .errors import ConfigurationError
-from .urls import mask_secrets, mask_url, normalise_database_url
+from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.urls import mask_secrets, mask_url, normalise_database_url
 
 PREFIX = "recovery_"
 ENV_PREFIX = "CELERY_RECOVERY_"
@@ -168,7 +168,7 @@ def _port(key: str, value: Any) -> int | None:
 
 def _preset(key: str, value: Any) -> str:
     """Preset name: one of the presets in :data:`celery_recovery.beat_schedules.PRESETS`."""
-    from .beat_schedules.presets import PRESETS
+    from celery_recovery.core.presets import PRESETS
 
     if not isinstance(value, str) or value not in PRESETS:
         allowed = ", ".join(repr(p) for p in PRESETS)
@@ -479,7 +479,7 @@ class RecoverySettings:
             raw[name] = (_SPECS[name].conf_key, value)
 
         parsed = {name: _SPECS[name].parse(key, value) for name, (key, value) in raw.items()}
-        from .beat_schedules.presets import PRESETS
+        from celery_recovery.core.presets import PRESETS
 
         values: dict[str, Any] = dict(PRESETS[parsed.get("preset", DEFAULT_PRESET)])
         values.update(parsed)
@@ -501,7 +501,7 @@ class RecoverySettings:
         namespace does not read is warned about, and refused when it names
         another store than the one that would be used.
         """
-        from .app_conf import read_app_conf, report_unread, spelling
+        from celery_recovery.core.app_conf import read_app_conf, report_unread, spelling
 
         values = read_app_conf(app)
         spell = spelling(app)

@@ -1,22 +1,24 @@
-"""Read-only store queries behind ``celery-recovery inspect`` and ``jobs check``.
-
-Mixed into :class:`~celery_recovery.store.Store`.  Each method is one short
-read transaction and returns plain dicts; judging liveness (heartbeat age
-against a threshold) is done with the ``now`` the caller passes, so the
-answers are testable without waiting.
-"""
+"""Read-only trigger queries behind ``inspect`` and the deferred sweep."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, func, or_, select
-from sqlalchemy.engine import Connection
+from sqlalchemy import (
+    and_,
+    func,
+    or_,
+    select,
+)
 
-from ..states import JobState, TaskState
-from .schema import jobs, task_records, triggers
-from .trigger_ops import live_triggerer
+from celery_recovery.core.states import JobState, JobType, TaskState
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import (
+    jobs,
+    task_records,
+    triggers,
+)
 
 #: The trigger columns an operator sees (the triggerer issue may add more; these are stable).
 TRIGGER_COLUMNS = (
@@ -31,11 +33,11 @@ TRIGGER_COLUMNS = (
 )
 
 
-class InspectOperations:
-    """Store methods that answer an operator's questions; they never write."""
+class TriggerReads(Repository):
+    """Orphaned triggers, served and waiting queues, deferred tries.
 
-    def transaction(self) -> AbstractContextManager[Connection]:  # pragma: no cover
-        raise NotImplementedError
+    Part of :class:`~celery_recovery.store.triggers.TriggerRepository`.
+    """
 
     def orphan_triggers(self, now: datetime, threshold: float, limit: int = 500) -> list[dict]:
         """Triggers no live triggerer runs: unassigned, or held by a job that is missing,
@@ -132,29 +134,11 @@ class InspectOperations:
             row["triggerer_alive"] = bool(row["triggerer_alive"])
         return rows
 
-    def jobs_overview(
-        self, job_type: str | None = None, include_ended: bool = False, limit: int = 500
-    ) -> list[dict]:
-        """Jobs, running ones first, newest heartbeat first within each group."""
-        stmt = select(jobs)
-        if job_type is not None:
-            stmt = stmt.where(jobs.c.job_type == job_type)
-        if not include_ended:
-            stmt = stmt.where(jobs.c.state == JobState.RUNNING.value)
-        running_first = (jobs.c.state == JobState.RUNNING.value).desc()
-        stmt = stmt.order_by(running_first, jobs.c.latest_heartbeat.desc()).limit(limit)
-        with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
 
-    def freshest_job(self, job_type: str, hostname: str | None = None) -> dict | None:
-        """The running job of ``job_type`` (on ``hostname``, matched against the host
-        name or the Celery node name) with the newest heartbeat, or None."""
-        stmt = select(jobs).where(
-            jobs.c.job_type == job_type, jobs.c.state == JobState.RUNNING.value
-        )
-        if hostname is not None:
-            stmt = stmt.where(or_(jobs.c.hostname == hostname, jobs.c.node_name == hostname))
-        stmt = stmt.order_by(jobs.c.latest_heartbeat.desc()).limit(1)
-        with self.transaction() as conn:
-            row = conn.execute(stmt).mappings().first()
-        return dict(row) if row else None
+def live_triggerer(now: datetime, threshold: float) -> Any:
+    """SQL condition: the ``jobs`` row is a running triggerer with a fresh heartbeat."""
+    return and_(
+        jobs.c.job_type == JobType.TRIGGERER.value,
+        jobs.c.state == JobState.RUNNING.value,
+        jobs.c.latest_heartbeat >= now - timedelta(seconds=threshold),
+    )

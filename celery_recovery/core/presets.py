@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from ..errors import ConfigurationError
+from celery_recovery.core.errors import ConfigurationError
 
 PRESETS: MappingProxyType[str, MappingProxyType[str, float]] = MappingProxyType(
     {

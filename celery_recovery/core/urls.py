@@ -7,7 +7,7 @@ import re
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from .errors import ConfigurationError
+from celery_recovery.core.errors import ConfigurationError
 
 #: Drivers the store is tested with, by the scheme users may write.
 SUPPORTED_SCHEMES = {

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError
+from celery_recovery.core.errors import ConfigurationError
 
 logger = logging.getLogger("celery_recovery")
 
@@ -129,7 +129,7 @@ def report_unread(app: Any, values: AppConfValues, resolved_database_url: str) -
         if key.lower().endswith(PREFIX + "database_url") and not _same_store(
             value, resolved_database_url
         ):
-            from .urls import mask_url
+            from celery_recovery.core.urls import mask_url
 
             fix = f"Rename the setting to {instead!r}" + (
                 ""
@@ -151,7 +151,7 @@ def report_unread(app: Any, values: AppConfValues, resolved_database_url: str) -
 
 
 def _same_store(value: Any, resolved: str) -> bool:
-    from .urls import normalise_database_url
+    from celery_recovery.core.urls import normalise_database_url
 
     try:
         url = normalise_database_url(str(value).strip(), "database_url")

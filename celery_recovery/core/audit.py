@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from .timeutils import utcnow
+from celery_recovery.core.timeutils import utcnow
 
 
 class AuditAction(StrEnum):

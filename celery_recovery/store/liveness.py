@@ -1,6 +1,6 @@
 """The store operations of liveness markers: marked jobs, held locks, fast death.
 
-Mixed into :class:`~celery_recovery.store.Store`.  Each change is a
+Each change is a
 compare-and-set: a job is failed only if it is still running with the very
 heartbeat the sweep judged, so a process that beat in between is left alone.
 """
@@ -12,12 +12,21 @@ from typing import Any
 
 from sqlalchemy import or_, select, text, update
 
-from ..liveness.postgres import held_locks_query
-from ..states import JobState
-from .schema import jobs
+from celery_recovery.core.states import JobState
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import jobs
+
+#: Every session-level bigint advisory lock held in the store's database (the
+#: PostgreSQL liveness markers of :mod:`celery_recovery.liveness.postgres`).
+_HELD_LOCKS = """
+SELECT (l.classid::bigint << 32) | l.objid::bigint
+FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
 
 
-class LivenessOperations:
+class LivenessRepository(Repository):
     """Reads and compare-and-set changes for :mod:`celery_recovery.sweeps.liveness`."""
 
     dialect: str
@@ -48,7 +57,7 @@ class LivenessOperations:
         if self.dialect != "postgresql":
             return set()
         with self.single_statement() as conn:
-            return {int(key) for (key,) in conn.execute(text(held_locks_query()))}
+            return {int(key) for (key,) in conn.execute(text(_HELD_LOCKS))}
 
     def note_marker_missing(self, job_id: str, now: datetime) -> bool:
         """Record when a sweep first saw the job's lock missing (once)."""

@@ -1,0 +1,3 @@
+from celery_recovery.cli.main import main
+
+main()

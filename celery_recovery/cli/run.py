@@ -1,0 +1,151 @@
+"""The processes the command line runs: ``sweep``, ``triggerer`` and ``demo``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from celery_recovery.cli.support import CLIError, installed_recovery
+
+
+def _metrics_port_option(verb: str) -> Any:
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        metavar="PORT",
+        help=f"{verb} Prometheus metrics on http://0.0.0.0:PORT/metrics "
+        "[default: recovery_metrics_port; unset serves nothing].",
+    )
+
+
+@click.command("sweep")
+@click.option("--loop", is_flag=True, help="Sweep every recovery_sweep_interval until stopped.")
+@click.option("--json", "as_json", is_flag=True, help="Print each report as one JSON line.")
+@_metrics_port_option("With --loop: serve")
+@click.pass_context
+def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | None) -> None:
+    """Run the recovery sweep in this process (for deployments without beat).
+
+    Each sweep checks in to the Sentry cron monitor celery-recovery-sweep
+    when sentry-sdk is initialised by the app.  Without --loop the exit status
+    is 1 when a step of the pass failed (its report counts the errors).
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app sweep --loop --metrics-port 9808
+    """
+    import json
+    import time
+
+    from celery_recovery import metrics, sentry
+
+    if metrics_port is not None and not loop:
+        raise CLIError("--metrics-port needs --loop: a single sweep exits before any scrape")
+    installed = installed_recovery(ctx, "sweep needs the Celery app to publish tasks again")
+    port = metrics_port or installed.settings.metrics_port
+    if loop and port is not None:
+        try:
+            metrics.serve(port)
+        except metrics.MetricsServerError as exc:
+            raise CLIError(str(exc)) from None
+    while True:
+        swept = installed.sweep()
+        sentry.sweep_checkin(installed.settings, swept)
+        report = swept.as_dict()
+        if as_json:
+            click.echo(json.dumps(report))
+        else:
+            click.echo(
+                " ".join(
+                    f"{k}={v:.3f}" if k == "duration" else f"{k}={v}" for k, v in report.items()
+                )
+            )
+        if not loop:
+            # For cron jobs and scripts: a pass that could not do all its work fails.
+            sys.exit(1 if swept.errors else 0)
+        time.sleep(installed.settings.sweep_interval)
+
+
+@click.command("triggerer")
+@click.option(
+    "-Q",
+    "--queues",
+    default="default",
+    show_default=True,
+    metavar="A,B",
+    help="Comma-separated trigger queues this triggerer serves.",
+)
+@click.option(
+    "--capacity",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most triggers run at once [default: recovery_triggerer_capacity].",
+)
+@_metrics_port_option("Serve")
+@click.option(
+    "-l",
+    "--loglevel",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.pass_context
+def triggerer(
+    ctx: click.Context,
+    queues: str,
+    capacity: int | None,
+    metrics_port: int | None,
+    loglevel: str,
+) -> None:
+    """Run deferred tasks' triggers on one asyncio loop, with no worker slot held.
+
+    Several triggerers (on several hosts) share the work; each claims the
+    triggers of its queues, and those of a triggerer that stopped
+    heartbeating.  SIGTERM hands its triggers to the others at once.
+
+    \b
+    Example:
+      celery -A proj recovery triggerer --queues default,reports --capacity 5000
+    """
+    import logging
+
+    from celery_recovery.triggerer import Triggerer
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    if not names:
+        raise click.BadParameter(
+            "name at least one queue, e.g. --queues default", param_hint="--queues"
+        )
+    installed = installed_recovery(
+        ctx,
+        "the triggerer needs the Celery app (its result backend "
+        "and broker, and the modules of its triggers)",
+    )
+    logging.basicConfig(
+        level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
+    )
+    from celery_recovery import metrics
+
+    try:
+        Triggerer(installed.context, names, capacity, metrics_port=metrics_port).run()
+    except metrics.MetricsServerError as exc:
+        raise CLIError(str(exc)) from None
+
+
+@click.command("demo")
+def demo() -> None:
+    """Show a SIGKILLed worker's task being recovered, with no server needed.
+
+    Starts two real workers (filesystem broker, SQLite result backend and
+    store), sends tasks, SIGKILLs the worker running one, sweeps as beat
+    would, and prints what happens and a summary.  Exits 1 if recovery failed.
+
+    \b
+    Example:
+      celery-recovery demo
+    """
+    from celery_recovery.demo.runner import run_demo
+
+    sys.exit(run_demo())

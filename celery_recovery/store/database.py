@@ -1,0 +1,142 @@
+"""The store's database: this process's engines, transactions and error translation.
+
+One :class:`Database` per store URL, safe across threads and forks.  Every
+repository method runs in one short transaction taken here; database errors
+leave it as :class:`~celery_recovery.core.errors.StoreError`s.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+
+from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
+from celery_recovery.core.urls import mask_secrets, mask_url
+from celery_recovery.store.engine import create_store_engine
+from celery_recovery.store.forks import ForkGate
+from celery_recovery.store.migrate import ensure_schema
+
+
+class Database:
+    """The metadata store's database at one URL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._engine: Engine | None = None
+        self._autocommit_engine: Engine | None = None
+        self._pid = 0
+        self._ready = False
+        self._lock = threading.Lock()
+        self._statements: dict[Any, Any] = {}
+        self._gate = ForkGate(in_child=self._forget_parent_locks)
+
+    def __repr__(self) -> str:
+        return f"<Store {mask_url(self.url)}>"
+
+    @property
+    def engine(self) -> Engine:
+        """This process's engine; a forked child never reuses its parent's connections."""
+        pid = os.getpid()
+        if self._engine is None or self._pid != pid:
+            with self._lock:
+                if self._engine is None or self._pid != pid:
+                    for inherited in (self._engine, self._autocommit_engine):
+                        if inherited is not None:
+                            inherited.dispose(close=False)
+                    self._engine = create_store_engine(self.url)
+                    self._autocommit_engine = None
+                    if self._engine.dialect.name == "postgresql":
+                        self._autocommit_engine = create_store_engine(self.url, autocommit=True)
+                    self._pid = pid
+                    self._ready = False
+        return self._engine
+
+    def _forget_parent_locks(self) -> None:
+        # In a forked child: a lock the parent's threads held is held by no one here.
+        self._lock = threading.Lock()
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def ensure_ready(self) -> None:
+        """Check (PostgreSQL) or create (SQLite) the schema, once per process."""
+        with self._gate.using():
+            self._ensure_ready()
+
+    def _ensure_ready(self) -> None:
+        engine = self.engine
+        if self._ready:
+            return
+        with self.translate_errors():
+            ensure_schema(engine)
+        self._ready = True
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One short transaction; database errors become :class:`StoreError`s."""
+        with self._gate.using():
+            self._ensure_ready()
+            with self.translate_errors(), self.engine.begin() as conn:
+                yield conn
+
+    @contextmanager
+    def single_statement(self) -> Iterator[Connection]:
+        """A connection for one atomic statement: autocommitted on PostgreSQL (one round
+        trip instead of three), a short transaction on SQLite."""
+        with self._gate.using():
+            self._ensure_ready()
+            autocommit = self._autocommit_engine
+            if autocommit is None:
+                with self.translate_errors(), self.engine.begin() as conn:
+                    yield conn
+                return
+            with self.translate_errors(), autocommit.connect() as conn:
+                yield conn
+
+    def statement(self, key: Any, build: Callable[[], Any]) -> Any:
+        """Statements are built once per store: building one costs more than running it."""
+        stmt = self._statements.get(key)
+        if stmt is None:
+            stmt = self._statements[key] = build()
+        return stmt
+
+    def dispose(self) -> None:
+        for engine in (self._engine, self._autocommit_engine):
+            if engine is not None and self._pid == os.getpid():
+                engine.dispose()
+        self._engine = self._autocommit_engine = None
+
+    @contextmanager
+    def translate_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except StoreError:
+            raise
+        except (OperationalError, InterfaceError) as exc:
+            raise StoreUnavailableError(
+                f"store {mask_url(self.url)} unavailable: {_short(exc)}"
+            ) from exc
+        except ProgrammingError as exc:
+            raise StoreSchemaError(
+                f"store {mask_url(self.url)} schema problem: {_short(exc)}; "
+                "run `celery-recovery db upgrade`"
+            ) from exc
+        except DBAPIError as exc:
+            raise StoreError(f"store {mask_url(self.url)} error: {_short(exc)}") from exc
+
+    def insert(self, table: Any) -> Any:
+        module = postgresql if self.dialect == "postgresql" else sqlite
+        return module.insert(table)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return mask_secrets(text[0] if text else type(exc).__name__)

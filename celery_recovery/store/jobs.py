@@ -1,0 +1,142 @@
+"""Jobs: one row per participating process, its heartbeat and how it ended."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    func,
+    or_,
+    select,
+    update,
+)
+
+from celery_recovery.core.states import JobState, JobType
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import (
+    callbacks,
+    jobs,
+)
+
+
+class JobRepository(Repository):
+    """Worker, beat and triggerer jobs: registration, heartbeats, ends, and reads."""
+
+    def add_job(self, job: dict[str, Any]) -> None:
+        """Insert a job row; a row with the same id already there is left as it is."""
+        stmt = self._insert(jobs).values(**job).on_conflict_do_nothing(index_elements=["id"])
+        with self.transaction() as conn:
+            conn.execute(stmt)
+
+    def heartbeat(self, job_id: str, now: datetime) -> bool:
+        """Refresh a running job's heartbeat; False when the job is missing or ended."""
+        stmt = (
+            update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING)
+            .values(latest_heartbeat=now)
+        )
+        with self.single_statement() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def end_job(self, job_id: str, state: JobState, now: datetime) -> bool:
+        """Move a running job to ``state`` (compare-and-set from ``running``)."""
+        stmt = (
+            update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING)
+            .values(state=state, end_date=now)
+        )
+        with self.single_statement() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        with self.transaction() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).mappings().first()
+        return dict(row) if row else None
+
+    def list_jobs(
+        self, job_type: str | None = None, state: str | None = None
+    ) -> list[dict[str, Any]]:
+        stmt = select(jobs).order_by(jobs.c.start_date)
+        if job_type is not None:
+            stmt = stmt.where(jobs.c.job_type == job_type)
+        if state is not None:
+            stmt = stmt.where(jobs.c.state == state)
+        with self.transaction() as conn:
+            return [dict(row) for row in conn.execute(stmt).mappings()]
+
+    def live_jobs(self, now: datetime, threshold: float, job_type: JobType) -> list[dict]:
+        cutoff = now - timedelta(seconds=threshold)
+        stmt = select(jobs).where(
+            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.job_type == job_type.value,
+            jobs.c.latest_heartbeat >= cutoff,
+        )
+        with self.transaction() as conn:
+            return [dict(row) for row in conn.execute(stmt).mappings()]
+
+    def fail_dead_jobs(
+        self, now: datetime, thresholds: dict[JobType, float]
+    ) -> list[dict[str, Any]]:
+        """Mark running jobs whose heartbeat is older than their type's threshold as failed."""
+        dead: list[dict[str, Any]] = []
+        with self.transaction() as conn:
+            for job_type, threshold in thresholds.items():
+                cutoff = now - timedelta(seconds=threshold)
+                where = (
+                    jobs.c.state == JobState.RUNNING.value,
+                    jobs.c.job_type == job_type.value,
+                    jobs.c.latest_heartbeat < cutoff,
+                )
+                found = [dict(r) for r in conn.execute(select(jobs).where(*where)).mappings()]
+                if found:
+                    conn.execute(
+                        update(jobs)
+                        .where(*where, jobs.c.id.in_([j["id"] for j in found]))
+                        .values(state=JobState.FAILED.value, end_date=now)
+                    )
+                dead.extend(found)
+        return dead
+
+    def gauge_snapshot(self) -> tuple[dict[str, tuple[int, datetime]], int]:
+        """Running jobs per type as (count, oldest heartbeat), and the outbox's size.
+
+        Two aggregate queries (the running-jobs one uses ``ix_jobs_live``), made
+        once per sweep pass, never per task.
+        """
+        stmt = (
+            select(jobs.c.job_type, func.count(), func.min(jobs.c.latest_heartbeat))
+            .where(jobs.c.state == JobState.RUNNING.value)
+            .group_by(jobs.c.job_type)
+        )
+        with self.transaction() as conn:
+            running = {row[0]: (int(row[1]), row[2]) for row in conn.execute(stmt)}
+            pending = conn.execute(select(func.count()).select_from(callbacks)).scalar_one()
+        return running, int(pending)
+
+    def jobs_overview(
+        self, job_type: str | None = None, include_ended: bool = False, limit: int = 500
+    ) -> list[dict]:
+        """Jobs, running ones first, newest heartbeat first within each group."""
+        stmt = select(jobs)
+        if job_type is not None:
+            stmt = stmt.where(jobs.c.job_type == job_type)
+        if not include_ended:
+            stmt = stmt.where(jobs.c.state == JobState.RUNNING.value)
+        running_first = (jobs.c.state == JobState.RUNNING.value).desc()
+        stmt = stmt.order_by(running_first, jobs.c.latest_heartbeat.desc()).limit(limit)
+        with self.transaction() as conn:
+            return [dict(row) for row in conn.execute(stmt).mappings()]
+
+    def freshest_job(self, job_type: str, hostname: str | None = None) -> dict | None:
+        """The running job of ``job_type`` (on ``hostname``, matched against the host
+        name or the Celery node name) with the newest heartbeat, or None."""
+        stmt = select(jobs).where(
+            jobs.c.job_type == job_type, jobs.c.state == JobState.RUNNING.value
+        )
+        if hostname is not None:
+            stmt = stmt.where(or_(jobs.c.hostname == hostname, jobs.c.node_name == hostname))
+        stmt = stmt.order_by(jobs.c.latest_heartbeat.desc()).limit(1)
+        with self.transaction() as conn:
+            row = conn.execute(stmt).mappings().first()
+        return dict(row) if row else None

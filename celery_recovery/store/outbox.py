@@ -1,0 +1,69 @@
+"""The failure-callback outbox: rows written with the state change that makes them due,
+claimed and deleted by whoever delivers them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    delete,
+    or_,
+    select,
+    update,
+)
+
+from celery_recovery.core.audit import Decision
+from celery_recovery.store.audit import append_decision
+from celery_recovery.store.repository import Repository
+from celery_recovery.store.schema import (
+    callbacks,
+)
+
+
+class OutboxRepository(Repository):
+    """Claim, delete and list failure-callback rows."""
+
+    def claim_callbacks(
+        self, now: datetime, holder: str, lease: float, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """Claim due callback rows for ``holder`` until ``now + lease`` (SKIP LOCKED on PG)."""
+        due = (
+            select(callbacks.c.id)
+            .where(or_(callbacks.c.claimed_until.is_(None), callbacks.c.claimed_until < now))
+            .order_by(callbacks.c.id)
+            .limit(limit)
+        )
+        if self.dialect == "postgresql":
+            due = due.with_for_update(skip_locked=True)
+        stmt = (
+            update(callbacks)
+            .where(callbacks.c.id.in_(due.scalar_subquery()))
+            .values(
+                claimed_by=holder,
+                claimed_until=now + timedelta(seconds=lease),
+                attempts=callbacks.c.attempts + 1,
+            )
+            .returning(*callbacks.c)
+        )
+        with self.transaction() as conn:
+            return sorted(
+                (dict(row) for row in conn.execute(stmt).mappings()), key=lambda r: r["id"]
+            )
+
+    def delete_callback(self, callback_id: int, holder: str, audit: Decision | None = None) -> bool:
+        """Delete a delivered callback row, only while ``holder`` still owns it."""
+        stmt = delete(callbacks).where(
+            callbacks.c.id == callback_id, callbacks.c.claimed_by == holder
+        )
+        with self.transaction() as conn:
+            won = conn.execute(stmt).rowcount == 1
+            if won:
+                append_decision(conn, audit)
+            return won
+
+    def pending_callbacks(self) -> list[dict[str, Any]]:
+        with self.transaction() as conn:
+            return [
+                dict(r) for r in conn.execute(select(callbacks).order_by(callbacks.c.id)).mappings()
+            ]

@@ -1,0 +1,382 @@
+"""Task tries: the publisher's and the worker's records, and their compare-and-set changes.
+
+Every method runs in one short transaction of its own and returns plain
+values; no caller code runs while a transaction is open.  Each state change
+is an ``UPDATE ... WHERE task_id AND try_number AND state IN (expected)`` and
+reports whether it won; losing is normal and never raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import and_, bindparam, case, or_, select, update
+from sqlalchemy.engine import Connection
+
+from celery_recovery.core.records import OutboxedTransition, Transition
+from celery_recovery.core.states import TaskState
+from celery_recovery.store.audit import append_decisions
+from celery_recovery.store.database import Database
+from celery_recovery.store.reservations import ReservationRepository
+from celery_recovery.store.schema import callbacks, task_records
+from celery_recovery.store.try_recovery import TryRecovery
+
+#: States a delivery may move to ``running`` from: a fresh message, or a
+#: redelivery of a try whose earlier delivery was already running.
+CLAIMABLE_FOR_RUN = (TaskState.QUEUED, TaskState.RUNNING)
+
+
+#: Columns a worker's claim sets on a try that already exists.
+CLAIM_COLUMNS = (
+    "state",
+    "job_id",
+    "worker_hostname",
+    "worker_pid",
+    "started_at",
+    "ended_at",
+    "updated_at",
+    "state_reason",
+    "error",
+    "idempotency_key",
+    "fencing_token",
+    # A worker's own claim confirms (ends) an adoption.
+    "adopted_until",
+)
+
+
+#: What is needed to publish a task again: the message facts a try carries.
+MESSAGE_COLUMNS = (
+    "queue",
+    "exchange",
+    "routing_key",
+    "priority",
+    "args",
+    "kwargs",
+    "headers",
+    "options",
+    "republishable",
+    "republish_error",
+    "expires",
+)
+
+
+#: Columns whose truth is the published message; a publisher's record sets them
+#: even when a worker already created the try.
+PUBLISHER_COLUMNS = (*MESSAGE_COLUMNS, "eta", "queued_at")
+
+
+class TryRepository(TryRecovery):
+    """Task tries: queued, claimed, changed by compare-and-set, written in batches."""
+
+    def __init__(self, db: Database, reservations: ReservationRepository) -> None:
+        super().__init__(db)
+        #: Reservations ride in the same write-behind batches as the tries.
+        self.reservations = reservations
+
+    def record_queued(self, records: Sequence[dict[str, Any]]) -> None:
+        """Insert published tries; a try a worker already claimed keeps its state."""
+        if not records:
+            return
+        with self.transaction() as conn:
+            self._insert_queued(conn, records)
+
+    def mark_running(self, record: dict[str, Any]) -> bool:
+        """Claim a try for the job in ``record``: insert it, or move it to ``running``.
+
+        Returns False when the try already reached a state a delivery must not
+        leave (finished or superseded).
+        """
+        with self.single_statement() as conn:
+            return self._upsert_running(conn, record)
+
+    def claim_counting_deaths(self, record: dict[str, Any]) -> int | None:
+        """Claim a try as :meth:`mark_running` does, durably before the body runs; the
+        try's ``deaths`` after the claim, or None when the claim did not land.
+
+        A claim that finds its try still ``running`` follows a run whose process
+        died (a live run's redelivery is dropped before it claims): one more death.
+        """
+        stmt = self._statement(
+            "claim_counting", lambda: self._build_upsert_running().returning(task_records.c.deaths)
+        )
+        with self.single_statement() as conn:
+            row = conn.execute(stmt, _uniform([_as_claim(record)])[0]).first()
+        return None if row is None else int(row[0])
+
+    def apply_outboxed(self, items: Sequence[OutboxedTransition]) -> int:
+        """Apply transitions with their callback rows in one transaction; how many won."""
+        with self.transaction() as conn:
+            return self._apply_outboxed(conn, items)
+
+    def transition(
+        self,
+        task_id: str,
+        try_number: int,
+        expected: TaskState | Iterable[TaskState],
+        new: TaskState,
+        **values: Any,
+    ) -> bool:
+        """Compare-and-set one try from one of ``expected`` to ``new``; True when it won."""
+        change = Transition(task_id, try_number, _states(expected), {"state": new, **values})
+        with self.single_statement() as conn:
+            return self._apply_transitions(conn, [change]) == 1
+
+    def history(self, task_id: str) -> list[dict[str, Any]]:
+        """Every try of a task, oldest first."""
+        stmt = (
+            select(task_records)
+            .where(task_records.c.task_id == task_id)
+            .order_by(task_records.c.try_number)
+        )
+        with self.transaction() as conn:
+            return [dict(row) for row in conn.execute(stmt).mappings()]
+
+    def list_tries(
+        self, state: str | None = None, task_name: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        stmt = select(task_records).order_by(task_records.c.updated_at.desc()).limit(limit)
+        if state is not None:
+            stmt = stmt.where(task_records.c.state == state)
+        if task_name is not None:
+            stmt = stmt.where(task_records.c.task_name == task_name)
+        with self.transaction() as conn:
+            return [dict(row) for row in conn.execute(stmt).mappings()]
+
+    def apply_writes(self, writes: Sequence[tuple[str, Any]]) -> None:
+        """Apply buffered writes in order, in one transaction (the write-behind path).
+
+        ``writes`` holds ``("queued", record)``, ``("running", record)``,
+        ``("transition", Transition)``, ``("outboxed", OutboxedTransition)``,
+        ``("late", (task_id, try, state, at))``, ``("audit", Decision)`` and
+        ``("reserved", (task_id, try, job_id, at))`` items; runs of one kind are
+        batched.  Reservations touch only their own table, so they are applied
+        together, as one statement, after the others.
+        """
+        appliers: dict[str, Callable[[Connection, list[Any]], Any]] = {
+            "queued": self._insert_queued,
+            "running": self._upsert_running_many,
+            "transition": self._apply_transitions,
+            "late": self._record_late_outcomes,
+            "outboxed": self._apply_outboxed,
+            "audit": append_decisions,
+            "reserved": self.reservations.upsert,
+        }
+        # The commit waits for the WAL flush (no ``synchronous_commit = off``): the
+        # caller forgets a batch once it is acknowledged, so an acknowledged batch
+        # that a PostgreSQL crash then loses would be lost for good (records left
+        # ``queued`` or missing; tests/faults/test_postgres.py, ``-m immediate``).
+        # One flush per batch, in the writer thread, stays off the task's path.
+        writes = _coalesce(writes)
+        ordered = [w for w in writes if w[0] != "reserved"]
+        ordered += [w for w in writes if w[0] == "reserved"]
+        with self.transaction() as conn:
+            for kind, items in _runs(ordered):
+                appliers[kind](conn, items)
+
+    def _insert_queued(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
+        conn.execute(self._statement("queued", self._build_insert_queued), _uniform(records))
+
+    def _build_insert_queued(self) -> Any:
+        insert = self._insert(task_records)
+        # A worker may have claimed the try before the publisher's write landed:
+        # keep its state, but take the message facts only the publisher knows.
+        return insert.on_conflict_do_update(
+            index_elements=["task_id", "try_number"],
+            set_={column: insert.excluded[column] for column in PUBLISHER_COLUMNS},
+        )
+
+    def _upsert_running(self, conn: Connection, record: dict[str, Any]) -> bool:
+        stmt = self._statement(
+            "running", lambda: self._build_upsert_running().returning(task_records.c.try_number)
+        )
+        # rowcount is not reported for INSERT on every driver; a returned row is.
+        return conn.execute(stmt, _uniform([_as_claim(record)])[0]).first() is not None
+
+    def _upsert_running_many(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
+        stmt = self._statement("running_many", self._build_upsert_running)
+        conn.execute(stmt, _uniform([_as_claim(r) for r in records]))
+
+    def _build_upsert_running(self) -> Any:
+        insert = self._insert(task_records)
+        # The claim's own values, which after coalescing may already be its outcome.
+        claim: dict[str, Any] = {column: insert.excluded[column] for column in CLAIM_COLUMNS}
+        # SET sees the row as it was: still running in another job means the previous
+        # run's process died.  Running in this very job is this delivery's own earlier
+        # claim (the stale-delivery check claims before the death-counting claim).
+        died = and_(
+            task_records.c.state == TaskState.RUNNING.value,
+            task_records.c.job_id.is_distinct_from(insert.excluded.job_id),
+        )
+        claim["deaths"] = task_records.c.deaths + case((died, 1), else_=0)
+        return insert.on_conflict_do_update(
+            index_elements=["task_id", "try_number"],
+            set_=claim,
+            where=or_(
+                *(task_records.c.state == str(s) for s in CLAIMABLE_FOR_RUN),
+                # Revoked by a sweep from what a publisher recorded (a revoke, an expiry,
+                # a purge), yet delivered: the worker runs it, so the record follows.
+                and_(
+                    task_records.c.state == TaskState.REVOKED.value,
+                    task_records.c.recovered_at.is_not(None),
+                ),
+            ),
+        )
+
+    def _record_late_outcomes(self, conn: Connection, items: Sequence[tuple]) -> None:
+        """Keep the outcome a process reported after a sweep had recovered its try."""
+        stmt = self._statement("late", _build_late_outcome)
+        conn.execute(
+            stmt,
+            [
+                {"b_task_id": t, "b_try_number": n, "v_state": s, "v_at": at}
+                for t, n, s, at in items
+            ],
+        )
+
+    def _apply_transitions(self, conn: Connection, changes: Sequence[Transition]) -> int:
+        won = 0
+        for shape, group in _group_transitions(changes):
+            _expected, columns, any_try = shape
+            stmt = self._statement(("transition", shape), lambda s=shape: _build_transition(*s))
+            params = [
+                {
+                    "b_task_id": ch.task_id,
+                    **({} if any_try else {"b_try_number": ch.try_number}),
+                    **{f"v_{c}": ch.values[c] for c in columns},
+                }
+                for ch in group
+            ]
+            result = conn.execute(stmt, params[0] if len(params) == 1 else params)
+            won += max(result.rowcount, 0)
+        return won
+
+    def _apply_outboxed(self, conn: Connection, items: Sequence[OutboxedTransition]) -> int:
+        won = 0
+        for item in items:
+            if self._apply_transitions(conn, [item.transition]) == 1:
+                conn.execute(callbacks.insert().values(**item.callback))
+                won += 1
+        return won
+
+
+def _build_late_outcome() -> Any:
+    return (
+        update(task_records)
+        .where(
+            task_records.c.task_id == bindparam("b_task_id"),
+            task_records.c.try_number == bindparam("b_try_number"),
+            task_records.c.recovered_at.is_not(None),
+            task_records.c.late_state.is_(None),
+        )
+        .values(late_state=bindparam("v_state"), late_at=bindparam("v_at"))
+    )
+
+
+def _build_transition(
+    expected: tuple[TaskState, ...], columns: tuple[str, ...], any_try: bool
+) -> Any:
+    conditions = [
+        task_records.c.task_id == bindparam("b_task_id"),
+        # Not IN (...): expanding parameters cannot be used with executemany.
+        or_(*(task_records.c.state == str(state) for state in expected)),
+    ]
+    if not any_try:
+        conditions.append(task_records.c.try_number == bindparam("b_try_number"))
+    return update(task_records).where(*conditions).values({c: bindparam(f"v_{c}") for c in columns})
+
+
+def _as_claim(record: dict[str, Any]) -> dict[str, Any]:
+    # A new try's first run has no death behind it (the column has no claim value to take).
+    return {**record, "deaths": 0}
+
+
+def _states(expected: TaskState | Iterable[TaskState]) -> tuple[TaskState, ...]:
+    if isinstance(expected, TaskState):
+        return (expected,)
+    return tuple(expected)
+
+
+#: Values for columns a record leaves out, where NULL is not the right default.
+_RECORD_DEFAULTS = {"republishable": True, "publish_count": 1}
+
+
+def _uniform(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give every row of a batch the same keys (executemany wants one shape).
+
+    Only the union of the batch's own keys is sent: type processing of
+    columns nobody set is the largest client-side cost of a batch.
+    """
+    keys: set[str] = set()
+    for record in records:
+        keys.update(record)
+    keys.add("external_executor_id")
+    rows = []
+    for record in records:
+        row = {key: record.get(key, _RECORD_DEFAULTS.get(key)) for key in keys}
+        if row["external_executor_id"] is None:
+            row["external_executor_id"] = record["task_id"]
+        rows.append(row)
+    return rows
+
+
+_TransitionShape = tuple[tuple[TaskState, ...], tuple[str, ...], bool]
+
+
+def _group_transitions(
+    changes: Sequence[Transition],
+) -> Iterator[tuple[_TransitionShape, list[Transition]]]:
+    """Consecutive changes of one shape, batched; order is kept across shapes."""
+    key: _TransitionShape | None = None
+    group: list[Transition] = []
+    for change in changes:
+        change_key = (change.expected, tuple(sorted(change.values)), change.try_number is None)
+        if change_key != key and group:
+            yield key, group  # type: ignore[misc]
+            group = []
+        key = change_key
+        group.append(change)
+    if group:
+        yield key, group  # type: ignore[misc]
+
+
+def _coalesce(writes: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Fold a try's outcome into its claim when both wait in the same batch.
+
+    A short task's claim and outcome usually share a flush: writing the row
+    once, already finished, halves the statements on the hot path.  The
+    claim's conditions still apply (it only lands on a claimable try).  A
+    reservation followed by the same process's claim of the try (a solo or
+    threads pool) is superseded by the claim and not written at all.
+    """
+    claims: dict[tuple[str, int], dict[str, Any]] = {}
+    out: list[tuple[str, Any]] = []
+    started = {(item["task_id"], item["try_number"]) for kind, item in writes if kind == "running"}
+    for kind, item in writes:
+        if kind == "reserved" and (item[0], item[1]) in started:
+            continue
+        if kind == "running":
+            record = dict(item)
+            claims[(record["task_id"], record["try_number"])] = record
+            out.append((kind, record))
+            continue
+        if kind == "transition" and item.expected == (TaskState.RUNNING,):
+            claim = claims.pop((item.task_id, item.try_number), None)
+            if claim is not None:
+                claim.update(item.values)
+                continue
+        out.append((kind, item))
+    return out
+
+
+def _runs(writes: Sequence[tuple[str, Any]]) -> Iterator[tuple[str, list[Any]]]:
+    kind: str | None = None
+    batch: list[Any] = []
+    for item_kind, item in writes:
+        if item_kind != kind and batch:
+            yield kind, batch  # type: ignore[misc]
+            batch = []
+        kind = item_kind
+        batch.append(item)
+    if batch:
+        yield kind, batch  # type: ignore[misc]
