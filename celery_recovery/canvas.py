@@ -75,7 +75,7 @@ def claim_name(unlock_task_id: str) -> str:
     return f"{CLAIM_PREFIX}chord-body:{hashlib.sha256(unlock_task_id.encode()).hexdigest()[:40]}"
 
 
-def _wrap_unlock(cls: type, context: RecoveryContext) -> None:
+def _wrap_unlock(cls: Any, context: RecoveryContext) -> None:
     if cls.__dict__.get(_WRAPPED):
         return
     original = cls.run
@@ -86,7 +86,7 @@ def _wrap_unlock(cls: type, context: RecoveryContext) -> None:
             _publish_once(context, body, claim_name(self.request.id))
         return original(self, group_id, body, *args, **kwargs)
 
-    cls.run = run  # type: ignore[attr-defined]
+    cls.run = run
     setattr(cls, _WRAPPED, True)
 
 

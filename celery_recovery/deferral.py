@@ -181,7 +181,7 @@ def resolve_method(task: Any, name: str) -> Callable[..., Any]:
     if not isinstance(name, str) or not name.isidentifier():
         raise DeferralError(f"method_name={name!r} must be a method or function name")
     if callable(getattr(type(task), name, None)):
-        return getattr(task, name)  # type: ignore[no-any-return]
+        return getattr(task, name)
     module = sys.modules.get(type(task).__module__)
     function = getattr(module, name, None) if module is not None else None
     if callable(function):

@@ -43,6 +43,7 @@ from celery.exceptions import Ignore
 
 from celery_recovery.core.audit import stale_delivery
 from celery_recovery.core.errors import StoreError
+from celery_recovery.core.records import WriteKind
 from celery_recovery.core.states import FINISHED_TASK_STATES, JobState, TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER, install_resume
@@ -125,7 +126,7 @@ def check_delivery(context: RecoveryContext, task: Any, task_id: str) -> bool:
         try_number,
         why,
     )
-    runtime.write("audit", stale_delivery(task.name, task_id, try_number, why, view))
+    runtime.write(WriteKind.AUDIT, stale_delivery(task.name, task_id, try_number, why, view))
     drop_delivery(task_id)
     return True
 

@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from celery_recovery import metrics
 from celery_recovery.core.errors import ConfigurationError
-from celery_recovery.core.records import Transition
+from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.locks import DONE, HELD
 from celery_recovery.locks.keys import KeySpec, build_key, check_template
@@ -170,7 +170,7 @@ def recoverable(
                 postpone(context, task, retry_countdown, f"key {key!r} is held by {got.holder}")
             request.idempotency_key, request.fencing_token = key, got.token
             context.runtime.write(
-                "transition",
+                WriteKind.TRANSITION,
                 Transition(
                     request.id,
                     request.retries + 1,

@@ -8,6 +8,7 @@ arguments come from the record's JSON; nothing is unpickled.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -45,7 +46,7 @@ PUBLISHED_AT_HEADER = "recovery_published_at"
 RESERVED_AT_HEADER = "recovery_reserved_at"
 
 
-def republish(app: Celery, record: dict[str, Any], try_number: int) -> Any:
+def republish(app: Celery, record: Mapping[str, Any], try_number: int) -> Any:
     """Send ``record``'s task again as try ``try_number``; returns the AsyncResult."""
     headers = dict(record.get("headers") or {})
     embed = (record.get("options") or {}).get("embed") or {}

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.records import WriteKind
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType
 from celery_recovery.core.timeutils import utcnow
@@ -38,7 +39,7 @@ class ProcessRuntime:
         self.store = store
         self.settings = settings
         self.health = StoreHealth(settings.masked_database_url)
-        self.writer = WriteBehindWriter(store, health=self.health)
+        self.writer = WriteBehindWriter(store.tries, health=self.health)
         self.heartbeat: HeartbeatThread | None = None
         self._locks: tuple[IdempotencyLocks, LeaseRenewer] | None = None
         atexit.register(self.close)
@@ -61,14 +62,14 @@ class ProcessRuntime:
         """The id of this process's job, when it is a worker process, beat or triggerer."""
         return self.heartbeat.job_id if self.heartbeat is not None else None
 
-    def write(self, kind: str, item: Any) -> None:
+    def write(self, kind: WriteKind, item: Any) -> None:
         """Queue a write for the flusher thread; never blocks on the store."""
         self.writer.submit(kind, item)
 
     def record_start(self, record: dict[str, Any]) -> None:
         """Queue the ``running`` claim of a try; it is committed within the writer's
         flush interval (20 ms) while the task body runs on."""
-        self.writer.submit("running", record)
+        self.writer.submit(WriteKind.RUNNING, record)
 
     def start_job(
         self,

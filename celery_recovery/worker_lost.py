@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from billiard.exceptions import WorkerLostError
 
 from celery_recovery.core.errors import StoreError
-from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition
+from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.execution import drop_delivery
@@ -68,7 +68,7 @@ def record_lost_process(
         [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL],
         now,
     )
-    context.runtime.write("outboxed", OutboxedTransition(change, callback))
+    context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 
 
 def record_lost_retry(context: RecoveryContext, task: Any, reason: Any) -> None:
@@ -85,7 +85,7 @@ def record_lost_retry(context: RecoveryContext, task: Any, reason: Any) -> None:
     # Celery already published the next try and called on_retry: the listeners remain.
     text = f"its pool process died ({reason})"
     callback = _callback_row(task, "retry", text, request.args, request.kwargs, ["on_retry"], now)
-    context.runtime.write("outboxed", OutboxedTransition(change, callback))
+    context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 
 
 def is_lost_process_retry(reason: Any) -> bool:

@@ -13,11 +13,11 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
+from celery_recovery.core.records import WriteKind
 from celery_recovery.health import StoreHealth
-from celery_recovery.store import Store
 
 logger = logging.getLogger("celery_recovery.write_behind")
 
@@ -30,7 +30,13 @@ MAX_BATCH = 500
 #: Most writes kept while the store is down; older ones are dropped past it.
 MAX_PENDING = 10_000
 
-Write = tuple[str, Any]
+Write = tuple[WriteKind, Any]
+
+
+class BatchTarget(Protocol):
+    """Where batches go: :class:`~celery_recovery.store.tries.TryRepository`."""
+
+    def apply_writes(self, writes: Sequence[Write]) -> None: ...
 
 
 class WriteBehindWriter:
@@ -38,13 +44,13 @@ class WriteBehindWriter:
 
     def __init__(
         self,
-        store: Store,
+        tries: BatchTarget,
         health: StoreHealth,
         *,
         flush_interval: float = FLUSH_INTERVAL,
         max_pending: int = MAX_PENDING,
     ) -> None:
-        self.store = store
+        self.tries = tries
         self.health = health
         self.flush_interval = flush_interval
         self.max_pending = max_pending
@@ -55,7 +61,7 @@ class WriteBehindWriter:
         self._thread: threading.Thread | None = None
         self._hurry = threading.Event()
 
-    def submit(self, kind: str, item: Any) -> None:
+    def submit(self, kind: WriteKind, item: Any) -> None:
         """Queue one write; never blocks on the store."""
         with self._cond:
             self._pending.append((kind, item))
@@ -122,7 +128,7 @@ class WriteBehindWriter:
     def _apply(self, batch: Sequence[Write]) -> bool:
         """Apply a batch; False when it must be retried later (the store is down)."""
         try:
-            self.store.tries.apply_writes(batch)
+            self.tries.apply_writes(batch)
         except (StoreUnavailableError, StoreSchemaError) as exc:
             self.health.record_failure(exc, f"writing {len(batch)} task records")
             return False
@@ -136,7 +142,7 @@ class WriteBehindWriter:
     def _apply_singly(self, batch: Sequence[Write]) -> bool:
         for index, write in enumerate(batch):
             try:
-                self.store.tries.apply_writes([write])
+                self.tries.apply_writes([write])
             except (StoreUnavailableError, StoreSchemaError) as exc:
                 self.health.record_failure(exc, "writing task records")
                 with self._cond:

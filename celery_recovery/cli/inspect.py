@@ -14,6 +14,7 @@ import click
 
 from celery_recovery.cli.output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
 from celery_recovery.cli.support import CLIError, dead_after, settings_of, store_of
+from celery_recovery.core.records import ZombieRow
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType, TaskState
 from celery_recovery.core.timeutils import utcnow
@@ -90,7 +91,7 @@ def zombies(ctx: click.Context, as_json: bool, limit: int) -> None:
 SILENT_HEARTBEATS = 2
 
 
-def _zombie_row(r: dict[str, Any], now: datetime, threshold: float) -> dict[str, Any]:
+def _zombie_row(r: ZombieRow, now: datetime, threshold: float) -> dict[str, Any]:
     """One row of `inspect zombies`: a zombie, or a silent worker's try with the seconds
     left before the sweep's own test (sweep_ops.find_zombies) calls it one."""
     age = age_seconds(now, r["job_heartbeat"])

@@ -7,7 +7,7 @@ logged in the same transaction as the change, so the log never claims a
 change that lost its compare-and-set, nor misses one that won.
 
 A new decision point adds one line: ``audit=ctx.decision(action, reason, record)``
-on the store call that applies it (or ``runtime.write("audit", ...)`` in a worker).
+on the store call that applies it (or ``runtime.write(WriteKind.AUDIT, ...)`` in a worker).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""Typed records that cross layers: what a sweep reports, what the store returns."""
+"""Typed records that cross layers: rows the store returns, writes the workers buffer,
+what a sweep decides and reports."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from celery_recovery.core.audit import Decision
 from celery_recovery.core.states import TaskState
@@ -41,6 +43,30 @@ class SweepReport:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class WriteKind(StrEnum):
+    """What a buffered write is; the write-behind writer applies runs of one kind together."""
+
+    QUEUED = "queued"  # a publisher's record of a new try
+    RUNNING = "running"  # a worker's claim of a try
+    TRANSITION = "transition"  # a compare-and-set (a Transition)
+    OUTBOXED = "outboxed"  # a transition with the callback row it makes due
+    LATE = "late"  # an outcome reported after a sweep had recovered the try
+    AUDIT = "audit"  # a Decision for the audit log
+    RESERVED = "reserved"  # a message a worker received: (task_id, try, job_id, at)
+
+
+class SweepOutcome(StrEnum):
+    """What a sweep did with one try."""
+
+    REPUBLISHED = "republished"
+    FAILED = "failed"
+    ADOPTED = "adopted"
+    RECONCILED = "reconciled"
+    REVOKED = "revoked"
+    #: The try changed under the sweep (another sweep, or its worker); nothing done.
+    LOST_RACE = "lost race"
 
 
 class CallbackStep(StrEnum):
@@ -89,3 +115,104 @@ class ResetPlan:
     dead_job_id: str | None = None
     #: The audit row, written only when the reset wins.
     audit: Decision | None = None
+
+
+class JobRow(TypedDict, total=False):
+    """A ``jobs`` row: one process that takes part (worker process, beat, triggerer)."""
+
+    id: str
+    job_type: str
+    hostname: str
+    node_name: str | None
+    pid: int
+    state: str
+    start_date: datetime
+    end_date: datetime | None
+    latest_heartbeat: datetime
+    queues: str | None
+    process_marker: str | None
+    marker_lock: int | None
+    marker_missing_since: datetime | None
+
+
+class TryRow(TypedDict, total=False):
+    """A ``task_records`` row: one try of one task, with the message to publish it again."""
+
+    task_id: str
+    try_number: int
+    task_name: str
+    state: str
+    queue: str | None
+    exchange: str | None
+    routing_key: str | None
+    priority: int | None
+    args: Any
+    kwargs: Any
+    headers: Any
+    options: Any
+    republishable: bool
+    republish_error: str | None
+    eta: datetime | None
+    expires: datetime | None
+    job_id: str | None
+    worker_hostname: str | None
+    worker_pid: int | None
+    external_executor_id: str | None
+    queued_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    updated_at: datetime
+    state_reason: str | None
+    error: str | None
+    publish_count: int
+    adopted_until: datetime | None
+    recovered_at: datetime | None
+    late_state: str | None
+    late_at: datetime | None
+    idempotency_key: str | None
+    fencing_token: int | None
+    deaths: int
+
+
+class TriggerRow(TypedDict, total=False):
+    """A ``triggers`` row: the trigger of one deferred try."""
+
+    id: int
+    classpath: str
+    kwargs: Any
+    task_id: str
+    try_number: int
+    method_name: str | None
+    method_kwargs: Any
+    queue: str | None
+    timeout_at: datetime | None
+    triggerer_id: str | None
+    created_at: datetime
+    claimed_at: datetime | None
+    fired_at: datetime | None
+    event_kind: str | None
+    event: Any
+
+
+class CallbackRow(TypedDict, total=False):
+    """A ``callbacks`` row: a failure callback due for one try (the outbox)."""
+
+    id: int
+    task_id: str
+    try_number: int
+    kind: str
+    payload: Any
+    created_at: datetime
+    claimed_by: str | None
+    claimed_until: datetime | None
+    attempts: int
+
+
+class ZombieRow(TryRow, total=False):
+    """A running try whose job stopped heartbeating, with what the store knows of that job."""
+
+    job_heartbeat: datetime | None
+    job_state: str | None
+    job_hostname: str | None
+    job_node_name: str | None
+    job_pid: int | None

@@ -37,7 +37,7 @@ def held_locks(url: str, now: datetime, limit: int = 500) -> list[dict[str, Any]
 
 
 def _read(
-    client: redis.Redis, names: list[bytes], prefix: str, now: datetime
+    client: redis.Redis, names: list[bytes | str], prefix: str, now: datetime
 ) -> list[dict[str, Any]]:
     if not names:
         return []
@@ -54,7 +54,7 @@ def _read(
         ttl = pttl / 1000 if pttl and pttl > 0 else None
         locks.append(
             {
-                "key": name.decode(errors="replace")[len(prefix) :],
+                "key": _text(name)[len(prefix) :],
                 "holder": holder,
                 "token": int(token) if token.isdigit() else None,
                 "ttl": ttl,
@@ -62,3 +62,8 @@ def _read(
             }
         )
     return locks
+
+
+def _text(name: bytes | str) -> str:
+    # A client made with decode_responses=True returns str keys.
+    return name if isinstance(name, str) else name.decode(errors="replace")

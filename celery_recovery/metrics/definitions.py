@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from celery_recovery.core.records import SweepOutcome
 from celery_recovery.core.states import JobType
 
 PREFIX = "celery_recovery_"
@@ -25,7 +26,12 @@ CAUSES = ("zombie", "reserved", "lost_message")
 #: What a sweep did to a try it won: published it again as the next try, failed
 #: it, re-pointed it to the live worker running it, or gave it the outcome the
 #: result backend reports.
-ACTIONS = ("republished", "failed", "adopted", "reconciled")
+ACTIONS = (
+    SweepOutcome.REPUBLISHED,
+    SweepOutcome.FAILED,
+    SweepOutcome.ADOPTED,
+    SweepOutcome.RECONCILED,
+)
 CALLBACK_KINDS = ("failure", "retry")
 #: ``abandoned``: given up after too many deliveries that died midway.
 CALLBACK_OUTCOMES = ("delivered", "failed", "abandoned")

@@ -13,6 +13,7 @@ from typing import Any
 from celery.signals import after_task_publish, before_task_publish
 
 from celery_recovery.context import context_for_task_name
+from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import record_from_publish
 from celery_recovery.republish import PUBLISHED_AT_HEADER
@@ -52,7 +53,7 @@ def on_after_publish(sender: str | None = None, headers: dict[str, Any] | None =
         return
     context = context_for_task_name(str(sender))
     if context is not None:
-        context.runtime.write("queued", record)
+        context.runtime.write(WriteKind.QUEUED, record)
 
 
 def connect() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from celery.signals import task_received
 
 from celery_recovery.context import context_for_app
+from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.republish import RESERVED_AT_HEADER
 from celery_recovery.signals.guard import never_raises
@@ -45,7 +46,7 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     details = request.request_dict
     details[RESERVED_AT_HEADER] = time.time()
     try_number = int(details.get("retries") or 0) + 1
-    runtime.write("reserved", (request.id, try_number, job_id, utcnow()))
+    runtime.write(WriteKind.RESERVED, (request.id, try_number, job_id, utcnow()))
 
 
 def connect() -> None:

@@ -29,7 +29,7 @@ from celery.signals import (
 
 from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import LostWorkerError
-from celery_recovery.core.records import Transition
+from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import was_deferred
@@ -115,7 +115,7 @@ def on_failure(
         return
     now = utcnow()
     context.runtime.write(
-        "transition",
+        WriteKind.TRANSITION,
         Transition(
             task_id,
             None,
@@ -177,13 +177,13 @@ def on_postrun(
         values["state_reason"] = reason
     try_number = try_number_of(task.request)
     context.runtime.write(
-        "transition", Transition(task_id, try_number, (TaskState.RUNNING,), values)
+        WriteKind.TRANSITION, Transition(task_id, try_number, (TaskState.RUNNING,), values)
     )
     started = _started_at().pop(task_id, None)
     if started is not None and time.monotonic() - started >= context.settings.zombie_threshold:
         # Long enough to have been declared dead meanwhile (a pause, a partition): if a
         # sweep recovered this try, keep what it finally did beside the recovery.
-        context.runtime.write("late", (task_id, try_number, new.value, now))
+        context.runtime.write(WriteKind.LATE, (task_id, try_number, new.value, now))
 
 
 def _requeued(context: Any, task: Any, task_id: str) -> None:
@@ -196,7 +196,7 @@ def _requeued(context: Any, task: Any, task_id: str) -> None:
     _take_aside(task_id)
     now = utcnow()
     context.runtime.write(
-        "transition",
+        WriteKind.TRANSITION,
         Transition(
             task_id,
             try_number_of(task.request),
@@ -235,7 +235,7 @@ def on_revoked(
         reason = "revoked"
     now = utcnow()
     context.runtime.write(
-        "transition",
+        WriteKind.TRANSITION,
         Transition(
             request.id,
             try_number_of(request),

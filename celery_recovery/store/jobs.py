@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,8 +13,9 @@ from sqlalchemy import (
     update,
 )
 
+from celery_recovery.core.records import JobRow
 from celery_recovery.core.states import JobState, JobType
-from celery_recovery.store.repository import Repository
+from celery_recovery.store.repository import Repository, row_of, rows_of
 from celery_recovery.store.schema import (
     callbacks,
     jobs,
@@ -23,7 +25,7 @@ from celery_recovery.store.schema import (
 class JobRepository(Repository):
     """Worker, beat and triggerer jobs: registration, heartbeats, ends, and reads."""
 
-    def add_job(self, job: dict[str, Any]) -> None:
+    def add_job(self, job: Mapping[str, Any]) -> None:
         """Insert a job row; a row with the same id already there is left as it is."""
         stmt = self._insert(jobs).values(**job).on_conflict_do_nothing(index_elements=["id"])
         with self.transaction() as conn:
@@ -49,23 +51,21 @@ class JobRepository(Repository):
         with self.single_statement() as conn:
             return conn.execute(stmt).rowcount == 1
 
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
+    def get_job(self, job_id: str) -> JobRow | None:
         with self.transaction() as conn:
             row = conn.execute(select(jobs).where(jobs.c.id == job_id)).mappings().first()
-        return dict(row) if row else None
+        return row_of(row)
 
-    def list_jobs(
-        self, job_type: str | None = None, state: str | None = None
-    ) -> list[dict[str, Any]]:
+    def list_jobs(self, job_type: str | None = None, state: str | None = None) -> list[JobRow]:
         stmt = select(jobs).order_by(jobs.c.start_date)
         if job_type is not None:
             stmt = stmt.where(jobs.c.job_type == job_type)
         if state is not None:
             stmt = stmt.where(jobs.c.state == state)
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
-    def live_jobs(self, now: datetime, threshold: float, job_type: JobType) -> list[dict]:
+    def live_jobs(self, now: datetime, threshold: float, job_type: JobType) -> list[JobRow]:
         cutoff = now - timedelta(seconds=threshold)
         stmt = select(jobs).where(
             jobs.c.state == JobState.RUNNING.value,
@@ -73,7 +73,7 @@ class JobRepository(Repository):
             jobs.c.latest_heartbeat >= cutoff,
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def fail_dead_jobs(
         self, now: datetime, thresholds: dict[JobType, float]
@@ -88,7 +88,7 @@ class JobRepository(Repository):
                     jobs.c.job_type == job_type.value,
                     jobs.c.latest_heartbeat < cutoff,
                 )
-                found = [dict(r) for r in conn.execute(select(jobs).where(*where)).mappings()]
+                found = rows_of(conn.execute(select(jobs).where(*where)))
                 if found:
                     conn.execute(
                         update(jobs)
@@ -126,9 +126,9 @@ class JobRepository(Repository):
         running_first = (jobs.c.state == JobState.RUNNING.value).desc()
         stmt = stmt.order_by(running_first, jobs.c.latest_heartbeat.desc()).limit(limit)
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
-    def freshest_job(self, job_type: str, hostname: str | None = None) -> dict | None:
+    def freshest_job(self, job_type: str, hostname: str | None = None) -> JobRow | None:
         """The running job of ``job_type`` (on ``hostname``, matched against the host
         name or the Celery node name) with the newest heartbeat, or None."""
         stmt = select(jobs).where(
@@ -139,4 +139,4 @@ class JobRepository(Repository):
         stmt = stmt.order_by(jobs.c.latest_heartbeat.desc()).limit(1)
         with self.transaction() as conn:
             row = conn.execute(stmt).mappings().first()
-        return dict(row) if row else None
+        return row_of(row)

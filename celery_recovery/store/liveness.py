@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import or_, select, text, update
 
 from celery_recovery.core.states import JobState
-from celery_recovery.store.repository import Repository
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import jobs
 
 #: Every session-level bigint advisory lock held in the store's database (the
@@ -50,7 +50,7 @@ class LivenessRepository(Repository):
             or_(jobs.c.process_marker.is_not(None), jobs.c.marker_lock.is_not(None)),
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def held_marker_locks(self) -> set[int]:
         """Keys of the advisory locks held in the store's database now (PostgreSQL)."""

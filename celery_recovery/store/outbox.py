@@ -4,7 +4,6 @@ claimed and deleted by whoever delivers them."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import (
     delete,
@@ -14,8 +13,9 @@ from sqlalchemy import (
 )
 
 from celery_recovery.core.audit import Decision
+from celery_recovery.core.records import CallbackRow
 from celery_recovery.store.audit import append_decision
-from celery_recovery.store.repository import Repository
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import (
     callbacks,
 )
@@ -26,7 +26,7 @@ class OutboxRepository(Repository):
 
     def claim_callbacks(
         self, now: datetime, holder: str, lease: float, limit: int = 50
-    ) -> list[dict[str, Any]]:
+    ) -> list[CallbackRow]:
         """Claim due callback rows for ``holder`` until ``now + lease`` (SKIP LOCKED on PG)."""
         due = (
             select(callbacks.c.id)
@@ -47,9 +47,7 @@ class OutboxRepository(Repository):
             .returning(*callbacks.c)
         )
         with self.transaction() as conn:
-            return sorted(
-                (dict(row) for row in conn.execute(stmt).mappings()), key=lambda r: r["id"]
-            )
+            return sorted(rows_of(conn.execute(stmt)), key=lambda r: r["id"])
 
     def delete_callback(self, callback_id: int, holder: str, audit: Decision | None = None) -> bool:
         """Delete a delivered callback row, only while ``holder`` still owns it."""
@@ -62,8 +60,6 @@ class OutboxRepository(Repository):
                 append_decision(conn, audit)
             return won
 
-    def pending_callbacks(self) -> list[dict[str, Any]]:
+    def pending_callbacks(self) -> list[CallbackRow]:
         with self.transaction() as conn:
-            return [
-                dict(r) for r in conn.execute(select(callbacks).order_by(callbacks.c.id)).mappings()
-            ]
+            return rows_of(conn.execute(select(callbacks).order_by(callbacks.c.id)))

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Result, RowMapping
 
 from celery_recovery.store.database import Database
 
@@ -32,3 +32,13 @@ class Repository:
 
     def _insert(self, table: Any) -> Any:
         return self.db.insert(table)
+
+
+def rows_of(result: Result[Any]) -> list[Any]:
+    """The rows of ``result`` as plain dicts; callers name their record type (a TypedDict)."""
+    return [dict(row) for row in result.mappings()]
+
+
+def row_of(row: RowMapping | None) -> Any:
+    """One row as a plain dict, or None."""
+    return dict(row) if row is not None else None

@@ -17,7 +17,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from celery_recovery.core.states import JobState, TaskState
-from celery_recovery.store.repository import Repository
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import jobs, reservations, same_try, task_records
 
 
@@ -91,6 +91,6 @@ class ReservationRepository(Repository):
             .limit(limit)
         )
         with self.transaction() as conn:
-            found = [dict(row) for row in conn.execute(stmt).mappings()]
+            found = rows_of(conn.execute(stmt))
         window = timedelta(seconds=threshold)
         return [r for r in found if r["reserved_at"] <= r["job_heartbeat"] + window]

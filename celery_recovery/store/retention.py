@@ -46,10 +46,12 @@ RETENTION_TABLES = (
 ACTIVE_TASK_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.DEFERRED)
 
 
-def _expired(name: str, cutoff: datetime, now: datetime) -> tuple[Table, tuple[Any, ...], Any]:
+def _expired(
+    name: str, cutoff: datetime, now: datetime
+) -> tuple[Table, tuple[Any, ...], tuple[Any, ...]]:
     """(table, primary key columns, condition) of rows of ``name`` that may go."""
     if name == "task_records":
-        where = (
+        where: tuple[Any, ...] = (
             task_records.c.state.in_(sorted(s.value for s in FINISHED_TASK_STATES)),
             task_records.c.ended_at < cutoff,
         )
@@ -106,7 +108,9 @@ class RetentionRepository(Repository):
         """How many rows of table ``name`` a clean with this cutoff would delete now."""
         table, _keys, where = _expired(name, cutoff, now)
         with self.transaction() as conn:
-            return int(conn.execute(select(func.count()).select_from(table).where(*where)).scalar())
+            return int(
+                conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+            )
 
     def delete_expired_batch(self, name: str, cutoff: datetime, now: datetime, limit: int) -> int:
         """Delete at most ``limit`` expired rows of ``name`` in one transaction; how many went."""

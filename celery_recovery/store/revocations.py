@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select
 
-from celery_recovery.store.repository import Repository
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import revocations
 
 
@@ -47,7 +47,7 @@ class RevocationRepository(Repository):
             )
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
 
 def _uniform(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,16 +8,18 @@ reports whether it won; losing is normal and never raises.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, or_, select, update
 from sqlalchemy.engine import Connection
 
-from celery_recovery.core.records import OutboxedTransition, Transition
+from celery_recovery.core.records import OutboxedTransition, Transition, TryRow, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.store.audit import append_decisions
 from celery_recovery.store.database import Database
+from celery_recovery.store.repository import rows_of
 from celery_recovery.store.reservations import ReservationRepository
 from celery_recovery.store.schema import callbacks, task_records
 from celery_recovery.store.try_recovery import TryRecovery
@@ -122,7 +124,7 @@ class TryRepository(TryRecovery):
         with self.single_statement() as conn:
             return self._apply_transitions(conn, [change]) == 1
 
-    def history(self, task_id: str) -> list[dict[str, Any]]:
+    def history(self, task_id: str) -> list[TryRow]:
         """Every try of a task, oldest first."""
         stmt = (
             select(task_records)
@@ -130,20 +132,20 @@ class TryRepository(TryRecovery):
             .order_by(task_records.c.try_number)
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def list_tries(
         self, state: str | None = None, task_name: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> list[TryRow]:
         stmt = select(task_records).order_by(task_records.c.updated_at.desc()).limit(limit)
         if state is not None:
             stmt = stmt.where(task_records.c.state == state)
         if task_name is not None:
             stmt = stmt.where(task_records.c.task_name == task_name)
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
-    def apply_writes(self, writes: Sequence[tuple[str, Any]]) -> None:
+    def apply_writes(self, writes: Sequence[tuple[WriteKind, Any]]) -> None:
         """Apply buffered writes in order, in one transaction (the write-behind path).
 
         ``writes`` holds ``("queued", record)``, ``("running", record)``,
@@ -154,13 +156,13 @@ class TryRepository(TryRecovery):
         together, as one statement, after the others.
         """
         appliers: dict[str, Callable[[Connection, list[Any]], Any]] = {
-            "queued": self._insert_queued,
-            "running": self._upsert_running_many,
-            "transition": self._apply_transitions,
-            "late": self._record_late_outcomes,
-            "outboxed": self._apply_outboxed,
-            "audit": append_decisions,
-            "reserved": self.reservations.upsert,
+            WriteKind.QUEUED: self._insert_queued,
+            WriteKind.RUNNING: self._upsert_running_many,
+            WriteKind.TRANSITION: self._apply_transitions,
+            WriteKind.LATE: self._record_late_outcomes,
+            WriteKind.OUTBOXED: self._apply_outboxed,
+            WriteKind.AUDIT: append_decisions,
+            WriteKind.RESERVED: self.reservations.upsert,
         }
         # The commit waits for the WAL flush (no ``synchronous_commit = off``): the
         # caller forgets a batch once it is acknowledged, so an acknowledged batch
@@ -168,8 +170,8 @@ class TryRepository(TryRecovery):
         # ``queued`` or missing; tests/faults/test_postgres.py, ``-m immediate``).
         # One flush per batch, in the writer thread, stays off the task's path.
         writes = _coalesce(writes)
-        ordered = [w for w in writes if w[0] != "reserved"]
-        ordered += [w for w in writes if w[0] == "reserved"]
+        ordered = [w for w in writes if w[0] != WriteKind.RESERVED]
+        ordered += [w for w in writes if w[0] == WriteKind.RESERVED]
         with self.transaction() as conn:
             for kind, items in _runs(ordered):
                 appliers[kind](conn, items)
@@ -238,7 +240,9 @@ class TryRepository(TryRecovery):
         won = 0
         for shape, group in _group_transitions(changes):
             _expected, columns, any_try = shape
-            stmt = self._statement(("transition", shape), lambda s=shape: _build_transition(*s))
+            stmt = self._statement(
+                ("transition", shape), functools.partial(_build_transition, *shape)
+            )
             params = [
                 {
                     "b_task_id": ch.task_id,
@@ -340,7 +344,7 @@ def _group_transitions(
         yield key, group  # type: ignore[misc]
 
 
-def _coalesce(writes: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+def _coalesce(writes: Sequence[tuple[WriteKind, Any]]) -> list[tuple[WriteKind, Any]]:
     """Fold a try's outcome into its claim when both wait in the same batch.
 
     A short task's claim and outcome usually share a flush: writing the row
@@ -350,17 +354,19 @@ def _coalesce(writes: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
     threads pool) is superseded by the claim and not written at all.
     """
     claims: dict[tuple[str, int], dict[str, Any]] = {}
-    out: list[tuple[str, Any]] = []
-    started = {(item["task_id"], item["try_number"]) for kind, item in writes if kind == "running"}
+    out: list[tuple[WriteKind, Any]] = []
+    started = {
+        (item["task_id"], item["try_number"]) for kind, item in writes if kind == WriteKind.RUNNING
+    }
     for kind, item in writes:
-        if kind == "reserved" and (item[0], item[1]) in started:
+        if kind == WriteKind.RESERVED and (item[0], item[1]) in started:
             continue
-        if kind == "running":
+        if kind == WriteKind.RUNNING:
             record = dict(item)
             claims[(record["task_id"], record["try_number"])] = record
             out.append((kind, record))
             continue
-        if kind == "transition" and item.expected == (TaskState.RUNNING,):
+        if kind == WriteKind.TRANSITION and item.expected == (TaskState.RUNNING,):
             claim = claims.pop((item.task_id, item.try_number), None)
             if claim is not None:
                 claim.update(item.values)
@@ -369,8 +375,8 @@ def _coalesce(writes: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return out
 
 
-def _runs(writes: Sequence[tuple[str, Any]]) -> Iterator[tuple[str, list[Any]]]:
-    kind: str | None = None
+def _runs(writes: Sequence[tuple[WriteKind, Any]]) -> Iterator[tuple[WriteKind, list[Any]]]:
+    kind: WriteKind | None = None
     batch: list[Any] = []
     for item_kind, item in writes:
         if item_kind != kind and batch:

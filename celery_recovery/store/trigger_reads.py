@@ -13,7 +13,7 @@ from sqlalchemy import (
 )
 
 from celery_recovery.core.states import JobState, JobType, TaskState
-from celery_recovery.store.repository import Repository
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import (
     jobs,
     task_records,
@@ -64,7 +64,7 @@ class TriggerReads(Repository):
             .limit(limit)
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def queues_served(self, now: datetime, threshold: float) -> set[str | None]:
         """Queues some live triggerer serves (its ``--queues``), or holds a trigger of."""
@@ -129,7 +129,7 @@ class TriggerReads(Repository):
             .limit(limit)
         )
         with self.transaction() as conn:
-            rows = [dict(row) for row in conn.execute(stmt).mappings()]
+            rows = rows_of(conn.execute(stmt))
         for row in rows:
             row["triggerer_alive"] = bool(row["triggerer_alive"])
         return rows

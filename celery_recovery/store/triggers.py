@@ -26,8 +26,10 @@ from sqlalchemy import bindparam, delete, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from celery_recovery.core.audit import Decision
+from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.states import TaskState
 from celery_recovery.store.audit import append_decision
+from celery_recovery.store.repository import rows_of
 from celery_recovery.store.schema import callbacks, jobs, task_records, triggers
 from celery_recovery.store.trigger_reads import TriggerReads, live_triggerer
 
@@ -121,7 +123,7 @@ class TriggerRepository(TriggerReads):
         limit: int,
         now: datetime,
         dead_after: float,
-    ) -> list[dict[str, Any]]:
+    ) -> list[TriggerRow]:
         """Take up to ``limit`` triggers that no live triggerer holds, for ``owner``."""
         if limit <= 0:
             return []
@@ -139,15 +141,15 @@ class TriggerRepository(TriggerReads):
             .returning(*triggers.c)
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
-    def list_triggers(self, task_id: str | None = None) -> list[dict[str, Any]]:
+    def list_triggers(self, task_id: str | None = None) -> list[TriggerRow]:
         """Trigger rows (of one task), oldest first."""
         stmt = select(triggers).order_by(triggers.c.id)
         if task_id is not None:
             stmt = stmt.where(triggers.c.task_id == task_id)
         with self.transaction() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def held_trigger_ids(self, owner: str) -> set[int]:
         """Ids of the triggers ``owner`` holds now (another triggerer may have taken some)."""
@@ -324,7 +326,7 @@ class TriggerRepository(TriggerReads):
 
     def overdue_triggers(
         self, now: datetime, grace: float, dead_after: float, limit: int = 500
-    ) -> list[dict[str, Any]]:
+    ) -> list[TriggerRow]:
         """Triggers whose timeout passed ``grace`` seconds ago and that no live triggerer holds."""
         live = select(jobs.c.id).where(live_triggerer(now, dead_after))
         stmt = (
@@ -337,7 +339,7 @@ class TriggerRepository(TriggerReads):
             .limit(limit)
         )
         with self.transaction() as conn:
-            return [dict(r) for r in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def take_triggers(self, ids: Sequence[int], owner: str, expected: str | None) -> set[int]:
         """Move triggers from ``expected`` (None: unassigned) to ``owner``; ids moved."""

@@ -21,10 +21,10 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from celery_recovery.core.audit import Decision
-from celery_recovery.core.records import ResetPlan
+from celery_recovery.core.records import ResetPlan, TryRow, ZombieRow
 from celery_recovery.core.states import JobState, TaskState
 from celery_recovery.store.audit import append_decision
-from celery_recovery.store.repository import Repository
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import (
     callbacks,
     jobs,
@@ -41,7 +41,7 @@ MISSING_JOB_GRACE = 60.0
 class TryRecovery(Repository):
     """The sweeps' reads and compare-and-set changes of tries (part of :class:`TryRepository`)."""
 
-    def find_zombies(self, now: datetime, threshold: float, limit: int = 500) -> list[dict]:
+    def find_zombies(self, now: datetime, threshold: float, limit: int = 500) -> list[ZombieRow]:
         """Running tries whose job stopped heartbeating, ended, or never registered."""
         cutoff = now - timedelta(seconds=threshold)
         missing_cutoff = cutoff - timedelta(seconds=MISSING_JOB_GRACE)
@@ -75,11 +75,11 @@ class TryRecovery(Repository):
             .limit(limit)
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def find_lost(
         self, now: datetime, timeout: float, live_threshold: float, limit: int = 500
-    ) -> list[dict]:
+    ) -> list[TryRow]:
         """Queued tries no worker has started within ``timeout`` seconds of when they were due,
         and that no live worker holds (reserved by a job that beat within ``live_threshold``:
         a prefetched message waiting behind long tasks is not lost)."""
@@ -102,7 +102,7 @@ class TryRecovery(Repository):
             .limit(limit)
         )
         with self.transaction() as conn:
-            return [dict(row) for row in conn.execute(stmt).mappings()]
+            return rows_of(conn.execute(stmt))
 
     def apply_reset(self, plan: ResetPlan, now: datetime) -> tuple[bool, bool]:
         """Apply a reset in one transaction; returns (won the try, inserted the next try).

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from billiard.einfo import ExceptionInfo
@@ -76,7 +76,7 @@ def deliver_callbacks(ctx: SweepContext) -> None:
             metrics.callback_outcome(row["kind"], "delivered" if ok else "failed")
 
 
-def _audit(ctx: SweepContext, row: dict[str, Any], outcome: str | bool) -> Decision:
+def _audit(ctx: SweepContext, row: Mapping[str, Any], outcome: str | bool) -> Decision:
     """The audit row of a delivery: ``outcome`` is delivered, abandoned, or False (failed)."""
     payload = row["payload"] if isinstance(row["payload"], dict) else {}
     record = {**row, "task_name": payload.get("task_name"), "job_id": payload.get("job_id")}
@@ -85,7 +85,7 @@ def _audit(ctx: SweepContext, row: dict[str, Any], outcome: str | bool) -> Decis
     return ctx.decision(action, AuditReason.CALLBACK_DUE, record, detail)
 
 
-def _deliver(ctx: SweepContext, row: dict[str, Any]) -> bool:
+def _deliver(ctx: SweepContext, row: Mapping[str, Any]) -> bool:
     payload = row["payload"] or {}
     if not isinstance(payload, dict):
         # Not written by this package (not a JSON object): run nothing with it.

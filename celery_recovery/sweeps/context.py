@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import StoreError
-from celery_recovery.core.records import SweepReport
+from celery_recovery.core.records import JobRow, SweepReport
 from celery_recovery.core.states import JobType
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class SweepContext:
     def app(self) -> Celery:
         return self.context.app
 
-    def live_workers(self) -> dict[tuple[Any, Any], dict[str, Any]]:
+    def live_workers(self) -> dict[tuple[Any, Any], JobRow]:
         """Worker jobs beating within the zombie threshold, by (node name, pid): what the
         result backend's STARTED meta names."""
         store = self.store
@@ -58,7 +58,7 @@ class SweepContext:
         self,
         action: AuditAction,
         reason: AuditReason,
-        record: dict[str, Any],
+        record: Mapping[str, Any],
         detail: str | None = None,
     ) -> Decision:
         """The audit row of a decision this pass takes about the try ``record``."""

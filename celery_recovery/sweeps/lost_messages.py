@@ -14,12 +14,14 @@ about this try either.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from celery import states
 
 from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
+from celery_recovery.core.records import SweepOutcome
 from celery_recovery.core.states import TaskState
 from celery_recovery.probe import UNKNOWN, Probe, never_started, probe_many
 from celery_recovery.revocations import revoked_because
@@ -35,9 +37,9 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
     live = ctx.live_workers()
     revocations: list[dict[str, Any]] | None = None
     with ctx.isolated("reading revocations"):
-        revocations = ctx.store.revocations.revocations_for(
-            [r["task_id"] for r in lost], min(r["queued_at"] for r in lost)
-        )
+        # find_lost only returns tries queued before its cutoff: queued_at is set.
+        since = min(r["queued_at"] or ctx.now for r in lost)
+        revocations = ctx.store.revocations.revocations_for([r["task_id"] for r in lost], since)
     if revocations is None:
         return  # without them a revoked or purged task could be published again
     seen: dict[str, Probe] = {}
@@ -49,13 +51,15 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
             action = _handle(ctx, record, probe, live, revocations)
             if action in metrics.definitions.ACTIONS:
                 metrics.sweep_action("lost_message", action)
-                if action != "reconciled":  # a reconciled one ran: its message was not lost
+                if (
+                    action != SweepOutcome.RECONCILED
+                ):  # a reconciled one ran: its message was not lost
                     sentry.capture_lost_message(record, action, ctx.now)
 
 
 def _handle(
     ctx: SweepContext,
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     seen: Probe,
     live: dict[tuple[Any, Any], Any],
     revocations: list[dict[str, Any]],
@@ -86,14 +90,14 @@ def _handle(
         count_retries=False,
         publish_count=publish_count,
     )
-    if result == "republished":
+    if result == SweepOutcome.REPUBLISHED:
         ctx.report.lost_republished += 1
-    elif result == "failed":
+    elif result == SweepOutcome.FAILED:
         ctx.report.failed += 1
     return result
 
 
-def _revoke(ctx: SweepContext, record: dict[str, Any], why: str) -> str:
+def _revoke(ctx: SweepContext, record: Mapping[str, Any], why: str) -> str:
     """Give an overdue queued try the end its revoke, expiry or purge meant (compare-and-set).
 
     A delivery that still comes may claim it from there and run (see
@@ -111,12 +115,12 @@ def _revoke(ctx: SweepContext, record: dict[str, Any], why: str) -> str:
         audit=ctx.decision(AuditAction.REVOKED, AuditReason.REVOKED, record, reason),
     ):
         ctx.report.revoked += 1
-        return "revoked"
+        return SweepOutcome.REVOKED
     ctx.report.races_lost += 1
-    return "lost race"
+    return SweepOutcome.LOST_RACE
 
 
-def _counted_from(record: dict[str, Any]) -> str:
+def _counted_from(record: Mapping[str, Any]) -> str:
     """What the queued timeout ran from: a delayed task's ETA, not its publish."""
     eta, queued_at = record.get("eta"), record.get("queued_at")
     if eta is not None and (queued_at is None or eta > queued_at):

@@ -14,9 +14,11 @@ lost-message sweep and ``recovery_queued_timeout``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from celery_recovery import metrics
+from celery_recovery.core.records import SweepOutcome
 from celery_recovery.core.states import TaskState
 from celery_recovery.probe import UNKNOWN, Probe, never_started, probe_many
 from celery_recovery.sweeps.context import SweepContext
@@ -43,7 +45,7 @@ def sweep_reserved(ctx: SweepContext) -> None:
 
 
 def _handle(
-    ctx: SweepContext, record: dict[str, Any], seen: Probe, live: dict[tuple[Any, Any], Any]
+    ctx: SweepContext, record: Mapping[str, Any], seen: Probe, live: dict[tuple[Any, Any], Any]
 ) -> str | None:
     """Decide on one reserved try of a dead job; returns what was done or None."""
     if seen.state == UNKNOWN:
@@ -67,8 +69,8 @@ def _handle(
         dead_job_id=record["reserved_by"],
         publish_count=int(record.get("publish_count") or 1) + 1,
     )
-    if result == "republished":
+    if result == SweepOutcome.REPUBLISHED:
         ctx.report.reserved_republished += 1
-    elif result == "failed":
+    elif result == SweepOutcome.FAILED:
         ctx.report.failed += 1
     return result

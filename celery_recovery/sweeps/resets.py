@@ -8,12 +8,13 @@ that transaction committed, and only by the sweep that won it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from celery import states
 
 from celery_recovery.core.audit import AuditAction, AuditReason
-from celery_recovery.core.records import ResetPlan
+from celery_recovery.core.records import ResetPlan, SweepOutcome
 from celery_recovery.core.states import TaskState
 from celery_recovery.probe import Probe
 from celery_recovery.republish import republish
@@ -34,12 +35,12 @@ _PAYLOAD_COLUMNS = ("args", "kwargs", "headers", "options")
 
 
 def take_backend_outcome(
-    ctx: SweepContext, record: dict[str, Any], seen: Probe, expected_state: TaskState, why: str
+    ctx: SweepContext, record: Mapping[str, Any], seen: Probe, expected_state: TaskState, why: str
 ) -> str | None:
     """If the backend says the task finished, give the try that outcome.
 
     Returns None when the backend reports no outcome, else ``"reconciled"``
-    or ``"lost race"`` (the try changed meanwhile).
+    or ``LOST_RACE`` (the try changed meanwhile).
     """
     outcome = {states.SUCCESS: TaskState.SUCCESS, states.FAILURE: TaskState.FAILED}.get(seen.state)
     if outcome is None:
@@ -56,9 +57,9 @@ def take_backend_outcome(
         audit=ctx.decision(AuditAction.RECONCILED, _cause(expected_state, record), record, reason),
     ):
         ctx.report.reconciled += 1
-        return "reconciled"
+        return SweepOutcome.RECONCILED
     ctx.report.races_lost += 1
-    return "lost race"
+    return SweepOutcome.LOST_RACE
 
 
 def max_retries_of(ctx: SweepContext, task_name: str) -> int | None:
@@ -70,7 +71,7 @@ def max_retries_of(ctx: SweepContext, task_name: str) -> int | None:
 
 def reset(
     ctx: SweepContext,
-    record: dict[str, Any],
+    record: Mapping[str, Any],
     *,
     expected_state: TaskState,
     why: str,
@@ -78,7 +79,7 @@ def reset(
     dead_job_id: str | None = None,
     publish_count: int = 1,
 ) -> str:
-    """Retry or fail one try; returns ``"republished"``, ``"failed"`` or ``"lost race"``."""
+    """Retry or fail one try; returns a :class:`SweepOutcome`: republished, failed or lost race."""
     try_number = int(record["try_number"])
     max_retries = max_retries_of(ctx, record["task_name"])
     if unreadable(*(record.get(c) for c in _PAYLOAD_COLUMNS)):
@@ -122,7 +123,7 @@ def reset(
     if not won:
         ctx.report.races_lost += 1
         logger.debug("celery-recovery: try %s/%s changed meanwhile", plan.task_id, try_number)
-        return "lost race"
+        return SweepOutcome.LOST_RACE
     logger.warning(
         "celery-recovery: task %s[%s] try %d %s",
         record["task_name"],
@@ -131,19 +132,19 @@ def reset(
         reason,
     )
     if new_state is TaskState.FAILED:
-        return "failed"
+        return SweepOutcome.FAILED
     if inserted:
         # After the commit: a publish failure leaves the next try queued, and the
         # lost-message sweep publishes it once it is overdue.
         republish(ctx.app, record, try_number + 1)
-    return "republished"
+    return SweepOutcome.REPUBLISHED
 
 
 #: The audit action of a reset, by the state it gave the try.
 _ACTION = {TaskState.UP_FOR_RETRY: AuditAction.REPUBLISHED, TaskState.FAILED: AuditAction.FAILED}
 
 
-def _cause(expected_state: TaskState, record: dict[str, Any]) -> AuditReason:
+def _cause(expected_state: TaskState, record: Mapping[str, Any]) -> AuditReason:
     """Why a try in ``expected_state`` is being recovered: its worker or its message was lost."""
     if expected_state is TaskState.QUEUED:
         if record.get("reserved_by") is not None:
@@ -155,7 +156,7 @@ def _cause(expected_state: TaskState, record: dict[str, Any]) -> AuditReason:
 
 
 def _callback_row(
-    ctx: SweepContext, record: dict[str, Any], new_state: TaskState, reason: str
+    ctx: SweepContext, record: Mapping[str, Any], new_state: TaskState, reason: str
 ) -> dict[str, Any]:
     return {
         "task_id": record["task_id"],

@@ -17,6 +17,7 @@ from celery import states
 
 from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
+from celery_recovery.core.records import JobRow, SweepOutcome, ZombieRow
 from celery_recovery.core.states import TaskState
 from celery_recovery.probe import UNKNOWN, Probe, probe_many
 from celery_recovery.sweeps.context import SweepContext
@@ -46,9 +47,9 @@ def sweep_zombies(ctx: SweepContext) -> None:
 
 
 def _handle(
-    ctx: SweepContext, zombie: dict[str, Any], seen: Probe, live: dict[tuple, dict]
+    ctx: SweepContext, zombie: ZombieRow, seen: Probe, live: dict[tuple[Any, Any], JobRow]
 ) -> str | None:
-    """Decide on one zombie; returns what was done (an action, ``"lost race"``) or None."""
+    """Decide on one zombie; returns what was done (a :class:`SweepOutcome`) or None."""
     store = ctx.store
     task_id, try_number, job_id = zombie["task_id"], zombie["try_number"], zombie["job_id"]
     if seen.state == UNKNOWN:
@@ -71,7 +72,7 @@ def _handle(
             audit=ctx.decision(AuditAction.RECONCILED, AuditReason.WORKER_LOST, zombie, reason),
         ):
             ctx.report.reconciled += 1
-            return "reconciled"
+            return SweepOutcome.RECONCILED
         return None
     owner = live.get((seen.hostname, seen.pid)) if seen.state == states.STARTED else None
     if owner is not None and owner["id"] != job_id and zombie.get("adopted_until") is None:
@@ -88,7 +89,7 @@ def _handle(
             task_id, try_number, job_id, owner["id"], reason, ctx.now, until, audit
         ):
             ctx.report.adopted += 1
-            return "adopted"
+            return SweepOutcome.ADOPTED
         return None
     if zombie.get("adopted_until") is not None:
         # The adopter never claimed the try: it is not running it.  The adopter itself
@@ -101,8 +102,8 @@ def _handle(
         )
         dead_job = job_id
     result = reset(ctx, zombie, expected_state=TaskState.RUNNING, why=why, dead_job_id=dead_job)
-    if result == "republished":
+    if result == SweepOutcome.REPUBLISHED:
         ctx.report.republished += 1
-    elif result == "failed":
+    elif result == SweepOutcome.FAILED:
         ctx.report.failed += 1
     return result

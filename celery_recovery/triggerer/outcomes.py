@@ -22,6 +22,7 @@ from celery import states
 from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import DeferralError, TriggerFailedError, TriggerTimeoutError
+from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER, resume_header
 from celery_recovery.republish import republish
@@ -44,7 +45,7 @@ MAX_ERROR_LENGTH = 4000
 class Outcome:
     """The event one trigger produced (or the failure it met), for its row."""
 
-    row: dict[str, Any]
+    row: TriggerRow
     kind: str
     payload: Any = None
 
@@ -53,7 +54,7 @@ class Outcome:
         return int(self.row["id"])
 
 
-def from_event(row: dict[str, Any], event: Any) -> Outcome:
+def from_event(row: TriggerRow, event: Any) -> Outcome:
     """The outcome of an event a trigger yielded; a malformed event fails the task."""
     if isinstance(event, TriggerEvent):
         kind, payload = RESUME, event.payload
@@ -74,18 +75,18 @@ def from_event(row: dict[str, Any], event: Any) -> Outcome:
     return Outcome(row, kind, payload)
 
 
-def failure(row: dict[str, Any], error: str, exception: type = TriggerFailedError) -> Outcome:
+def failure(row: TriggerRow, error: str, exception: type = TriggerFailedError) -> Outcome:
     return Outcome(
         row, FAILURE, {"error": error[:MAX_ERROR_LENGTH], "exception": exception.__name__}
     )
 
 
-def crashed(row: dict[str, Any]) -> Outcome:
+def crashed(row: TriggerRow) -> Outcome:
     """The outcome of a trigger whose ``run()`` raised (call inside ``except``)."""
     return failure(row, RAISED + "\n" + traceback.format_exc())
 
 
-def timed_out(row: dict[str, Any]) -> Outcome:
+def timed_out(row: TriggerRow) -> Outcome:
     return failure(
         row,
         f"the deferral timed out at {row['timeout_at']} before its trigger fired",
@@ -93,9 +94,10 @@ def timed_out(row: dict[str, Any]) -> Outcome:
     )
 
 
-def stored(row: dict[str, Any]) -> Outcome:
+def stored(row: TriggerRow) -> Outcome:
     """The outcome already recorded on a fired row."""
-    return Outcome(row, row["event_kind"], row["event"])
+    # Only fired rows (event_kind set) are read back this way.
+    return Outcome(row, row["event_kind"] or "", row["event"])
 
 
 class OutcomeApplier:
@@ -203,7 +205,7 @@ class OutcomeApplier:
         return Finish(int(row["id"]), row["task_id"], int(row["try_number"]), kind, reason)
 
 
-def _failed_for_good(row: dict[str, Any], payload: dict[str, Any]) -> Decision:
+def _failed_for_good(row: TriggerRow, payload: dict[str, Any]) -> Decision:
     timeout = payload.get("exception") == TriggerTimeoutError.__name__
     why = AuditReason.TRIGGER_TIMEOUT if timeout else AuditReason.TRIGGER_FAILED
     # The triggerer that held it (a sweep's holder name when a sweep timed it out).

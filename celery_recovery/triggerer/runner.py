@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_recovery import metrics, sentry
 from celery_recovery.core.errors import StoreError
+from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.states import JobState, JobType
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.triggerer.outcomes import (
@@ -107,8 +108,9 @@ class Triggerer:
             self.capacity,
         )
         settings = self.context.settings
-        if self.metrics_port or settings.metrics_port:
-            metrics.serve(self.metrics_port or settings.metrics_port)
+        port = self.metrics_port or settings.metrics_port
+        if port:
+            metrics.serve(port)
         self.watchdog = LoopWatchdog(
             self._loop, BLOCK_THRESHOLD, on_blocked=lambda *_: metrics.blocked_loop()
         )
@@ -205,7 +207,7 @@ class Triggerer:
                 task.cancel()
                 self.running.pop(trigger_id, None)
 
-    def _start(self, row: dict[str, Any]) -> None:
+    def _start(self, row: TriggerRow) -> None:
         trigger_id = int(row["id"])
         if trigger_id in self.running:
             return
@@ -222,7 +224,7 @@ class Triggerer:
 
     # -- running one trigger ---------------------------------------------------------
 
-    async def _run_trigger(self, row: dict[str, Any]) -> None:
+    async def _run_trigger(self, row: TriggerRow) -> None:
         try:
             trigger = load_trigger(row["classpath"], row["kwargs"], self.prefixes)
         except TriggerLoadError as exc:
@@ -235,10 +237,11 @@ class Triggerer:
             await trigger.cleanup()
         self._events.put_nowait(outcome)
 
-    async def _first_event(self, row: dict[str, Any], trigger: Any) -> Outcome:
+    async def _first_event(self, row: TriggerRow, trigger: Any) -> Outcome:
         deadline = None
-        if row.get("timeout_at") is not None:
-            left = (row["timeout_at"] - utcnow()).total_seconds()
+        timeout_at = row.get("timeout_at")
+        if timeout_at is not None:
+            left = (timeout_at - utcnow()).total_seconds()
             deadline = asyncio.get_running_loop().time() + left
         events = None
         try:

@@ -86,7 +86,7 @@ def create_app(
     templates.filters["when"] = _when
     templates.filters["pretty"] = lambda v: json.dumps(v, default=_jsonable, indent=1)
 
-    def page(name: str, build: Callable[[Request], dict[str, Any]]) -> list[Route]:
+    def page(name: str, build: Callable[[Request], dict[str, Any] | Response]) -> list[Route]:
         def html(request: Request) -> Response:
             try:
                 data = build(request)

@@ -8,6 +8,7 @@ million tries as with ten.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -139,7 +140,7 @@ def _per_hour(now: datetime, counted: list[tuple[Any, int]]) -> list[dict[str, A
     return [{"hour": hour, "count": counts.get(hour, 0)} for hour in hours]
 
 
-def _by_action(counted: list[Any]) -> dict[str, int]:
+def _by_action(counted: Sequence[Any]) -> dict[str, int]:
     totals: Counter[str] = Counter()
     for _hour, action, n in counted:
         totals[action] += int(n)

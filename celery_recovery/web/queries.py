@@ -241,7 +241,7 @@ class ConsoleQueries(OverviewQueries):
                     record[column] = HIDDEN
 
     def _trigger(self, row: dict[str, Any]) -> dict[str, Any]:
-        kwargs = row.get("kwargs") if isinstance(row.get("kwargs"), dict) else {}
+        kwargs = row["kwargs"] if isinstance(row.get("kwargs"), dict) else {}
         row["due_at"] = kwargs.get("moment") or row.get("timeout_at")
         if not self.show_args:
             for column in ("kwargs", "method_kwargs", "event"):

@@ -12,7 +12,9 @@ import base64
 import binascii
 import hmac
 import ipaddress
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import URL
@@ -94,7 +96,7 @@ class SecurityMiddleware:
             return
         request = Request(scope)
 
-        async def send_with_headers(message: dict) -> None:
+        async def send_with_headers(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 headers = message.setdefault("headers", [])
                 for name, value in SECURITY_HEADERS.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.settings import RecoverySettings
@@ -15,7 +16,7 @@ DEFAULT_BIND = "127.0.0.1"
 _MISSING = "the console needs its extra: pip install 'celery-recovery[web]'"
 
 
-def build(settings: RecoverySettings, bind: str, show_args: bool) -> object:
+def build(settings: RecoverySettings, bind: str, show_args: bool) -> Any:
     """The secured ASGI app; raises ConfigurationError when it must not be served."""
     try:
         from celery_recovery.web.app import create_app, secured

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
 
 from celery_recovery.store.schema import metadata
 
@@ -15,13 +16,16 @@ def run_migrations() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise RuntimeError("alembic: no connection given and no sqlalchemy.url set")
+    engine = create_engine(url)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()
 
 
-def _run(connection) -> None:  # type: ignore[no-untyped-def]
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,
