@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery import current_task
 from celery.exceptions import Ignore
 
+from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import DeferralError, StoreError
 from celery_recovery.core.states import DEFERRED_STATE
 from celery_recovery.core.timeutils import utcnow
@@ -86,8 +87,6 @@ def defer(
     task = current_task._get_current_object() if current_task else None
     if task is None or task.request.called_directly or task.request.is_eager:
         raise DeferralError("defer() must be called from a task body run by a Celery worker")
-    from celery_recovery.context import context_for_app
-
     context = context_for_app(task.app)
     if context is None:
         raise DeferralError(f"defer() needs celery-recovery installed on app {task.app.main!r}")

@@ -17,7 +17,7 @@ from kombu.utils.json import dumps as kombu_dumps
 
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import as_utc
-from celery_recovery.store.schema import EncodedJSON
+from celery_recovery.store import EncodedJSON
 
 #: Largest encoded argument payload kept for re-publishing, in bytes.
 MAX_RECORDED_PAYLOAD = 1024 * 1024

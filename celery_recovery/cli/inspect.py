@@ -93,7 +93,7 @@ SILENT_HEARTBEATS = 2
 
 def _zombie_row(r: ZombieRow, now: datetime, threshold: float) -> dict[str, Any]:
     """One row of `inspect zombies`: a zombie, or a silent worker's try with the seconds
-    left before the sweep's own test (sweep_ops.find_zombies) calls it one."""
+    left before the sweep's own test (store.tries.find_zombies) calls it one."""
     age = age_seconds(now, r["job_heartbeat"])
     judged_in: float | None = None
     if r["adopted_until"] is None:

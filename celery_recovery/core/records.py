@@ -216,3 +216,9 @@ class ZombieRow(TryRow, total=False):
     job_hostname: str | None
     job_node_name: str | None
     job_pid: int | None
+
+
+class ReservedRow(ZombieRow, total=False):
+    """A queued try whose message a dead worker job received and never started."""
+
+    reserved_by: str

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.presets import PRESETS
 from celery_recovery.core.urls import mask_secrets, mask_url, normalise_database_url
 
 PREFIX = "recovery_"
@@ -168,8 +169,6 @@ def _port(key: str, value: Any) -> int | None:
 
 def _preset(key: str, value: Any) -> str:
     """Preset name: one of the presets in :data:`celery_recovery.beat_schedules.PRESETS`."""
-    from celery_recovery.core.presets import PRESETS
-
     if not isinstance(value, str) or value not in PRESETS:
         allowed = ", ".join(repr(p) for p in PRESETS)
         raise ConfigurationError(f"{key}={value!r} is not a preset; allowed: {allowed}")
@@ -479,8 +478,6 @@ class RecoverySettings:
             raw[name] = (_SPECS[name].conf_key, value)
 
         parsed = {name: _SPECS[name].parse(key, value) for name, (key, value) in raw.items()}
-        from celery_recovery.core.presets import PRESETS
-
         values: dict[str, Any] = dict(PRESETS[parsed.get("preset", DEFAULT_PRESET)])
         values.update(parsed)
         if (

@@ -30,6 +30,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from celery_recovery.core.urls import mask_secrets
+
 logger = logging.getLogger("celery_recovery.liveness")
 
 #: Seconds between two attempts to reconnect a lost marker connection.
@@ -210,8 +212,6 @@ def stop_holder() -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    from celery_recovery.core.urls import mask_secrets
-
     return mask_secrets(
         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     )

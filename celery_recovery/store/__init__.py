@@ -6,7 +6,7 @@ the schema are the store's own.
 
 from celery_recovery.store.claims import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
 from celery_recovery.store.retention import RETENTION_TABLES
-from celery_recovery.store.schema import EncodedJSON
+from celery_recovery.store.schema import EncodedJSON, unreadable
 from celery_recovery.store.store import Store
 from celery_recovery.store.tries import MESSAGE_COLUMNS
 from celery_recovery.store.triggers import FAILURE, RESUME, SUCCESS, Finish, Firing
@@ -26,4 +26,5 @@ __all__ = [
     "Finish",
     "Firing",
     "Store",
+    "unreadable",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
+from celery_recovery.core.records import ReservedRow
 from celery_recovery.core.states import JobState, TaskState
 from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import jobs, reservations, same_try, task_records
@@ -50,7 +51,7 @@ class ReservationRepository(Repository):
 
     def find_reserved_by_dead_jobs(
         self, now: datetime, threshold: float, limit: int = 500
-    ) -> list[dict[str, Any]]:
+    ) -> list[ReservedRow]:
         """Queued tries whose message a dead worker job received and never started.
 
         Dead: marked failed by a sweep, or running with a heartbeat older than

@@ -158,24 +158,16 @@ class TryRecovery(Repository):
         audit: Decision | None = None,
     ) -> bool:
         """Give a try the outcome the result backend reports (compare-and-set)."""
-        with self.transaction() as conn:
-            won = self._cas_try(
-                conn,
-                task_id,
-                try_number,
-                expected_state,
-                expected_job_id,
-                {
-                    "state": new_state.value,
-                    "state_reason": reason,
-                    "ended_at": now,
-                    "updated_at": now,
-                    "recovered_at": now,
-                },
-            )
-            if won:
-                append_decision(conn, audit)
-            return won
+        values = {
+            "state": new_state.value,
+            "state_reason": reason,
+            "ended_at": now,
+            "updated_at": now,
+            "recovered_at": now,
+        }
+        return self._cas_audited(
+            task_id, try_number, expected_state, expected_job_id, values, audit
+        )
 
     def adopt_try(
         self,
@@ -189,24 +181,15 @@ class TryRecovery(Repository):
         audit: Decision | None = None,
     ) -> bool:
         """Re-point a running try to a live job (or give it a deadline) instead of resetting it."""
-        with self.transaction() as conn:
-            won = self._cas_try(
-                conn,
-                task_id,
-                try_number,
-                TaskState.RUNNING,
-                expected_job_id,
-                {
-                    "job_id": new_job_id,
-                    "adopted_until": until,
-                    "state_reason": reason,
-                    "updated_at": now,
-                    "recovered_at": now,
-                },
-            )
-            if won:
-                append_decision(conn, audit)
-            return won
+        values = {
+            "job_id": new_job_id,
+            "adopted_until": until,
+            "state_reason": reason,
+            "updated_at": now,
+            "recovered_at": now,
+        }
+        running = TaskState.RUNNING
+        return self._cas_audited(task_id, try_number, running, expected_job_id, values, audit)
 
     def delivery_view(self, task_id: str, try_number: int) -> dict[str, Any]:
         """What a worker needs to judge a delivery: the try's state and job, the latest try.
@@ -250,6 +233,22 @@ class TryRecovery(Repository):
         view = dict(row)
         view["latest"] = int(view["latest"] or 0)
         return view
+
+    def _cas_audited(
+        self,
+        task_id: str,
+        try_number: int,
+        expected_state: TaskState,
+        expected_job_id: str | None,
+        values: dict[str, Any],
+        audit: Decision | None,
+    ) -> bool:
+        """One compare-and-set of a try, with its audit row when it wins, in one transaction."""
+        with self.transaction() as conn:
+            won = self._cas_try(conn, task_id, try_number, expected_state, expected_job_id, values)
+            if won:
+                append_decision(conn, audit)
+            return won
 
     def _cas_try(
         self,

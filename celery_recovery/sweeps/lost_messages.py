@@ -21,11 +21,12 @@ from celery import states
 
 from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
-from celery_recovery.core.records import SweepOutcome
+from celery_recovery.core.records import SweepOutcome, TryRow
 from celery_recovery.core.states import TaskState
-from celery_recovery.probe import UNKNOWN, Probe, never_started, probe_many
+from celery_recovery.probe import Probe, never_started
 from celery_recovery.revocations import revoked_because
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
 
 
@@ -34,7 +35,6 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
     lost = ctx.store.tries.find_lost(ctx.now, settings.queued_timeout, settings.zombie_threshold)
     if not lost:
         return
-    live = ctx.live_workers()
     revocations: list[dict[str, Any]] | None = None
     with ctx.isolated("reading revocations"):
         # find_lost only returns tries queued before its cutoff: queued_at is set.
@@ -42,19 +42,16 @@ def sweep_lost_messages(ctx: SweepContext) -> None:
         revocations = ctx.store.revocations.revocations_for([r["task_id"] for r in lost], since)
     if revocations is None:
         return  # without them a revoked or purged task could be published again
-    seen: dict[str, Probe] = {}
-    with ctx.isolated("probing the result backend"):
-        seen = probe_many(ctx.app, [r["task_id"] for r in lost])
-    for record in lost:
-        with ctx.isolated(f"queued {record['task_id']}/{record['try_number']}"):
-            probe = seen.get(record["task_id"], Probe(UNKNOWN))
-            action = _handle(ctx, record, probe, live, revocations)
-            if action in metrics.definitions.ACTIONS:
-                metrics.sweep_action("lost_message", action)
-                if (
-                    action != SweepOutcome.RECONCILED
-                ):  # a reconciled one ran: its message was not lost
-                    sentry.capture_lost_message(record, action, ctx.now)
+    found = revocations
+
+    def counted(record: TryRow, action: str) -> None:
+        metrics.sweep_action("lost_message", action)
+        if action != SweepOutcome.RECONCILED:  # a reconciled one ran: its message was not lost
+            sentry.capture_lost_message(record, action, ctx.now)
+
+    decide_each(
+        ctx, lost, "queued", lambda r, seen, live: _handle(ctx, r, seen, live, found), counted
+    )
 
 
 def _handle(
@@ -65,9 +62,6 @@ def _handle(
     revocations: list[dict[str, Any]],
 ) -> str | None:
     """Decide on one overdue queued try; returns what was done or None."""
-    if seen.state == UNKNOWN:
-        ctx.report.errors += 1
-        return None
     taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded")
     if taken is not None:
         return taken
@@ -90,11 +84,7 @@ def _handle(
         count_retries=False,
         publish_count=publish_count,
     )
-    if result == SweepOutcome.REPUBLISHED:
-        ctx.report.lost_republished += 1
-    elif result == SweepOutcome.FAILED:
-        ctx.report.failed += 1
-    return result
+    return count_reset(ctx, result, "lost_republished")
 
 
 def _revoke(ctx: SweepContext, record: Mapping[str, Any], why: str) -> str:

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery_recovery import metrics
-from celery_recovery.core.records import SweepOutcome
 from celery_recovery.core.states import TaskState
-from celery_recovery.probe import UNKNOWN, Probe, never_started, probe_many
+from celery_recovery.probe import Probe, never_started
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
 
 
@@ -31,26 +31,21 @@ def sweep_reserved(ctx: SweepContext) -> None:
     if not reserved:
         return
     ctx.report.reserved += len(reserved)
-    live = ctx.live_workers()
-    seen: dict[str, Probe] = {}
-    with ctx.isolated("probing the result backend"):
-        seen = probe_many(ctx.app, [r["task_id"] for r in reserved])
-    for record in reserved:
-        with ctx.isolated(f"reserved {record['task_id']}/{record['try_number']}"):
-            action = _handle(ctx, record, seen.get(record["task_id"], Probe(UNKNOWN)), live)
-            if action in metrics.definitions.ACTIONS:
-                # No Sentry event per message: the dead worker is reported once, as a zombie
-                # or a dead job.
-                metrics.sweep_action("reserved", action)
+    decide_each(
+        ctx,
+        reserved,
+        "reserved",
+        lambda record, seen, live: _handle(ctx, record, seen, live),
+        # No Sentry event per message: the dead worker is reported once, as a zombie or
+        # a dead job.
+        lambda record, action: metrics.sweep_action("reserved", action),
+    )
 
 
 def _handle(
     ctx: SweepContext, record: Mapping[str, Any], seen: Probe, live: dict[tuple[Any, Any], Any]
 ) -> str | None:
     """Decide on one reserved try of a dead job; returns what was done or None."""
-    if seen.state == UNKNOWN:
-        ctx.report.errors += 1  # publishing blind could run a finished task again
-        return None
     why = (
         f"reserved by dead worker job {record['reserved_by']} ({record.get('job_hostname')}, "
         f"pid {record.get('job_pid')}), last heartbeat {record.get('job_heartbeat')}; never started"
@@ -69,8 +64,4 @@ def _handle(
         dead_job_id=record["reserved_by"],
         publish_count=int(record.get("publish_count") or 1) + 1,
     )
-    if result == SweepOutcome.REPUBLISHED:
-        ctx.report.reserved_republished += 1
-    elif result == SweepOutcome.FAILED:
-        ctx.report.failed += 1
-    return result
+    return count_reset(ctx, result, "reserved_republished")

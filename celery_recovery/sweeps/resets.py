@@ -18,8 +18,7 @@ from celery_recovery.core.records import ResetPlan, SweepOutcome
 from celery_recovery.core.states import TaskState
 from celery_recovery.probe import Probe
 from celery_recovery.republish import republish
-from celery_recovery.store import MESSAGE_COLUMNS
-from celery_recovery.store.schema import unreadable
+from celery_recovery.store import MESSAGE_COLUMNS, unreadable
 from celery_recovery.sweeps.context import SweepContext
 
 logger = logging.getLogger("celery_recovery.sweep")

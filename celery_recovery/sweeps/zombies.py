@@ -19,8 +19,9 @@ from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import JobRow, SweepOutcome, ZombieRow
 from celery_recovery.core.states import TaskState
-from celery_recovery.probe import UNKNOWN, Probe, probe_many
+from celery_recovery.probe import Probe
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
 
 logger = logging.getLogger("celery_recovery.sweep")
@@ -33,17 +34,12 @@ def sweep_zombies(ctx: SweepContext) -> None:
     if not zombies:
         return
     ctx.report.zombies += len(zombies)
-    live = ctx.live_workers()
-    seen: dict[str, Probe] = {}
-    with ctx.isolated("probing the result backend"):
-        seen = probe_many(ctx.app, [z["task_id"] for z in zombies])
-    for zombie in zombies:
-        with ctx.isolated(f"zombie {zombie['task_id']}/{zombie['try_number']}"):
-            action = _handle(ctx, zombie, seen.get(zombie["task_id"], Probe(UNKNOWN)), live)
-            if action in metrics.definitions.ACTIONS:
-                # After the commit, and only by the sweep that won the change.
-                metrics.sweep_action("zombie", action)
-                sentry.capture_zombie(zombie, action, ctx.now)
+
+    def counted(zombie: ZombieRow, action: str) -> None:
+        metrics.sweep_action("zombie", action)
+        sentry.capture_zombie(zombie, action, ctx.now)
+
+    decide_each(ctx, zombies, "zombie", lambda z, seen, live: _handle(ctx, z, seen, live), counted)
 
 
 def _handle(
@@ -52,10 +48,6 @@ def _handle(
     """Decide on one zombie; returns what was done (a :class:`SweepOutcome`) or None."""
     store = ctx.store
     task_id, try_number, job_id = zombie["task_id"], zombie["try_number"], zombie["job_id"]
-    if seen.state == UNKNOWN:
-        # Resetting blind could run a finished task again; try on the next pass.
-        ctx.report.errors += 1
-        return None
     taken = take_backend_outcome(ctx, zombie, seen, TaskState.RUNNING, "worker lost")
     if taken is not None:
         return taken
@@ -102,8 +94,4 @@ def _handle(
         )
         dead_job = job_id
     result = reset(ctx, zombie, expected_state=TaskState.RUNNING, why=why, dead_job_id=dead_job)
-    if result == SweepOutcome.REPUBLISHED:
-        ctx.report.republished += 1
-    elif result == SweepOutcome.FAILED:
-        ctx.report.failed += 1
-    return result
+    return count_reset(ctx, result, "republished")
