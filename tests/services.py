@@ -47,8 +47,9 @@ def require(name: str, url: str, default_port: int) -> None:
     pytest.skip(f"{message}; start it to run this test")
 
 
-def create_pg_database(prefix: str) -> tuple[str, Callable[[], None]]:
-    """A new PostgreSQL database migrated to head: its URL, and a function that drops it."""
+def create_pg_database(prefix: str, revision: str = "head") -> tuple[str, Callable[[], None]]:
+    """A new PostgreSQL database migrated to ``revision``: its URL, and a function that
+    drops it."""
     from sqlalchemy import create_engine, text
 
     from celery_recovery.store.engine import create_store_engine
@@ -60,7 +61,7 @@ def create_pg_database(prefix: str) -> tuple[str, Callable[[], None]]:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     engine = create_store_engine(url, for_migrations=True)
-    upgrade(engine)
+    upgrade(engine, revision)
     engine.dispose()
 
     def drop() -> None:

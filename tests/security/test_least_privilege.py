@@ -174,7 +174,7 @@ def test_the_documented_postgresql_grants_run_the_whole_workload_and_no_ddl(
                 conn.execute(text(ddl))
     finally:
         engine.dispose()
-    assert Store(url).list_jobs()  # everything is still there
+    assert Store(url).jobs.list_jobs()  # everything is still there
 
 
 @pytest.fixture

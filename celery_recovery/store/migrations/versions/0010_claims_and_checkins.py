@@ -17,9 +17,6 @@ down_revision = "0009"
 branch_labels = None
 depends_on = None
 
-#: The prefix that told a claim from a lease while both lived in ``leases``.
-CLAIM_PREFIX = "claim:"
-
 
 def upgrade() -> None:
     op.create_table(
@@ -41,14 +38,14 @@ def upgrade() -> None:
     op.execute(
         "INSERT INTO publish_claims (name, holder, token, expires_at, completed_at) "
         "SELECT name, holder, token, expires_at, completed_at FROM leases "
-        f"WHERE name LIKE '{CLAIM_PREFIX}%'"
+        "WHERE name LIKE 'claim:%'"  # what told a claim from a lease in ``leases``
     )
     op.execute(
         "INSERT INTO checkins (name, completed_at, report) "
         "SELECT name, completed_at, report FROM leases "
-        f"WHERE name NOT LIKE '{CLAIM_PREFIX}%' AND completed_at IS NOT NULL"
+        "WHERE name NOT LIKE 'claim:%' AND completed_at IS NOT NULL"
     )
-    op.execute(f"DELETE FROM leases WHERE name LIKE '{CLAIM_PREFIX}%'")
+    op.execute("DELETE FROM leases WHERE name LIKE 'claim:%'")
     # Rows that were only check-ins hold no lease.
     op.execute("DELETE FROM leases WHERE holder IS NULL AND expires_at IS NULL")
     with op.batch_alter_table("leases") as batch:
