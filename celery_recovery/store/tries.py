@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, or_, select, update
 from sqlalchemy.engine import Connection
 
 from celery_recovery.core.records import OutboxedTransition, Transition, TryRow, WriteKind
@@ -21,7 +21,7 @@ from celery_recovery.store.audit import append_decisions
 from celery_recovery.store.database import Database
 from celery_recovery.store.repository import rows_of
 from celery_recovery.store.reservations import ReservationRepository
-from celery_recovery.store.schema import callbacks, task_records
+from celery_recovery.store.schema import callbacks, reservations, task_records
 from celery_recovery.store.try_recovery import TryRecovery
 
 #: States a delivery may move to ``running`` from: a fresh message, or a
@@ -237,6 +237,16 @@ class TryRepository(TryRecovery):
         )
 
     def _apply_transitions(self, conn: Connection, changes: Sequence[Transition]) -> int:
+        if any(_requeues(ch) for ch in changes):
+            # Rare (a postponed or requeued delivery): one at a time, in order.
+            return sum(
+                self._requeue(conn, ch) if _requeues(ch) else self._apply_grouped(conn, [ch])
+                for ch in changes
+            )
+        return self._apply_grouped(conn, changes)
+
+    def _apply_grouped(self, conn: Connection, changes: Sequence[Transition]) -> int:
+        """Apply changes batched by shape (one executemany per run of one shape)."""
         won = 0
         for shape, group in _group_transitions(changes):
             _expected, columns, any_try = shape
@@ -253,6 +263,20 @@ class TryRepository(TryRecovery):
             ]
             result = conn.execute(stmt, params[0] if len(params) == 1 else params)
             won += max(result.rowcount, 0)
+        return won
+
+    def _requeue(self, conn: Connection, change: Transition) -> int:
+        """Send a running try back to ``queued``; whoever reserved its message no longer
+        holds it (the delivery handed it back), so its reservation goes too: left, a live
+        worker's reservation would keep the lost-message sweep off the try for good."""
+        won = self._apply_grouped(conn, [change])
+        if won:
+            conn.execute(
+                delete(reservations).where(
+                    reservations.c.task_id == change.task_id,
+                    reservations.c.try_number == change.try_number,
+                )
+            )
         return won
 
     def _apply_outboxed(self, conn: Connection, items: Sequence[OutboxedTransition]) -> int:
@@ -386,3 +410,12 @@ def _runs(writes: Sequence[tuple[WriteKind, Any]]) -> Iterator[tuple[WriteKind, 
         batch.append(item)
     if batch:
         yield kind, batch  # type: ignore[misc]
+
+
+def _requeues(change: Transition) -> bool:
+    """A change that sends a running try of a known number back to ``queued``."""
+    return (
+        change.try_number is not None
+        and change.values.get("state") == TaskState.QUEUED
+        and TaskState.RUNNING in change.expected
+    )

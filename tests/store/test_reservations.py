@@ -6,7 +6,8 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from celery_recovery import JobState, JobType
+from celery_recovery import JobState, JobType, TaskState
+from celery_recovery.core.records import Transition
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store.schema import reservations
 
@@ -144,3 +145,60 @@ def test_a_try_held_by_a_live_worker_is_never_lost_one_held_by_a_dead_one_is(sto
         r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
     }
     assert lost == {"held-by-stale", "held-by-nobody"}
+
+
+def test_a_try_sent_back_to_the_queue_is_no_longer_held_by_its_live_reserver(store):
+    # A live worker reserved the message, started it, then handed it back (a postponed
+    # duplicate of a held idempotency key, or Reject(requeue=True)).  Whoever receives
+    # the new message may die before recording it: the lost-message sweep must then
+    # find the try, not take it for one the first worker still holds.
+    add_job(store, "live", 0.0)
+    queue_try(store, "postponed")
+    queue_try(store, "prefetched")
+    now = utcnow()
+    store.tries.apply_writes(
+        [
+            ("reserved", ("postponed", 1, "live", now)),
+            ("reserved", ("prefetched", 1, "live", now)),
+        ]
+    )
+    claim = {"task_id": "postponed", "try_number": 1, "task_name": "lifecycle.add"}
+    assert store.tries.mark_running(
+        {**claim, "state": "running", "job_id": "live", "updated_at": now}
+    )
+    assert store.tries.transition(
+        "postponed", 1, TaskState.RUNNING, TaskState.QUEUED, queued_at=now, updated_at=now
+    )
+    later = now + timedelta(seconds=3600)
+    lost = {
+        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+    }
+    assert lost == {"postponed"}
+
+
+def test_a_batched_requeue_drops_the_reservation_only_when_it_wins(store):
+    add_job(store, "live", 0.0)
+    queue_try(store, "requeued")
+    queue_try(store, "still-queued")
+    now = utcnow()
+    store.tries.apply_writes(
+        [
+            ("reserved", ("requeued", 1, "live", now)),
+            ("reserved", ("still-queued", 1, "live", now)),
+        ]
+    )
+    claim = {"task_id": "requeued", "try_number": 1, "task_name": "lifecycle.add"}
+    assert store.tries.mark_running(
+        {**claim, "state": "running", "job_id": "live", "updated_at": now}
+    )
+    back = {"state": TaskState.QUEUED, "queued_at": now, "updated_at": now}
+    store.tries.apply_writes(
+        [
+            ("transition", Transition("requeued", 1, (TaskState.RUNNING,), back)),
+            # Not running: this requeue loses, and the live worker keeps its reservation.
+            ("transition", Transition("still-queued", 1, (TaskState.RUNNING,), back)),
+        ]
+    )
+    with store.transaction() as conn:
+        held = {r.task_id for r in conn.execute(select(reservations))}
+    assert held == {"still-queued"}
