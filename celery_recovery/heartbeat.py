@@ -43,8 +43,6 @@ class HeartbeatThread(threading.Thread):
         self.on_beat = on_beat
         self._stop_event = threading.Event()
         self._registered = False
-        #: Heartbeats written; read by tests and metrics.
-        self.beats = 0
 
     @property
     def job_id(self) -> str:
@@ -92,7 +90,6 @@ class HeartbeatThread(threading.Thread):
         except StoreError as exc:
             self.health.record_failure(exc, f"heartbeating job {self.job_id}")
             return
-        self.beats += 1
         self.health.record_success()
 
     def _on_missing_row(self, now: Any) -> None:

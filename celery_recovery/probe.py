@@ -27,10 +27,6 @@ class Probe:
     hostname: str | None = None
     pid: int | None = None
 
-    @property
-    def finished(self) -> bool:
-        return self.state in (states.SUCCESS, states.FAILURE)
-
 
 def probe_many(app: Celery, task_ids: list[str]) -> dict[str, Probe]:
     """Probe several tasks, in one round trip where the backend allows (key-value stores)."""

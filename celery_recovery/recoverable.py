@@ -204,11 +204,6 @@ def recoverable(
             except (RedisError, OSError) as exc:
                 logger.warning("celery-recovery: could not release %r: %s", key, exc)
 
-        guarded.__recoverable__ = {  # type: ignore[attr-defined]
-            "idempotency_key": idempotency_key,
-            "lock_ttl": lock_ttl,
-            "result_ttl": result_ttl,
-        }
         return guarded  # type: ignore[return-value]
 
     if func is not None:

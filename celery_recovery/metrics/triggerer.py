@@ -1,17 +1,4 @@
-"""What the triggerer process reports; it calls these, cheap and never raising.
-
-Typical use in the triggerer::
-
-    from celery_recovery import metrics, sentry
-
-    if recovery.settings.metrics_port:                      # at start
-        metrics.serve(recovery.settings.metrics_port)       # MetricsServerError if taken
-    metrics.triggers_running(job_id, len(running))          # whenever the set changes
-    metrics.trigger_event("resumed")                        # a TriggerEvent was published
-    metrics.blocked_loop()                                  # the loop was found blocked
-    sentry.triggerer_checkin(recovery.settings)             # once per loop pass
-    metrics.triggerer_stopped(job_id)                       # on shutdown
-"""
+"""What the triggerer process reports; it calls these, cheap and never raising."""
 
 from __future__ import annotations
 

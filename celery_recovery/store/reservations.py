@@ -25,15 +25,10 @@ from celery_recovery.store.schema import jobs, reservations, same_try, task_reco
 class ReservationRepository(Repository):
     """Store methods for reservations (see :mod:`celery_recovery.sweeps.reserved`)."""
 
-    def record_reservations(self, items: Sequence[tuple[str, int, str, datetime]]) -> None:
-        """Record ``(task_id, try_number, job_id, reserved_at)`` items (a redelivery
-        to another job moves the reservation there)."""
-        if items:
-            with self.transaction() as conn:
-                self.upsert(conn, items)
-
     def upsert(self, conn: Connection, items: Sequence[tuple[str, int, str, datetime]]) -> None:
-        """Write reservations in the caller's transaction (the write-behind batch's)."""
+        """Write ``(task_id, try_number, job_id, reserved_at)`` items in the caller's
+        transaction (the write-behind batch's); a redelivery to another job moves the
+        reservation there."""
         stmt = self._statement("reserved", self._build_upsert_reservation)
         # One row per try: the last reception in the batch wins, as it would in order.
         rows = {

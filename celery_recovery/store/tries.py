@@ -76,13 +76,6 @@ class TryRepository(TryRecovery):
         #: Reservations ride in the same write-behind batches as the tries.
         self.reservations = reservations
 
-    def record_queued(self, records: Sequence[dict[str, Any]]) -> None:
-        """Insert published tries; a try a worker already claimed keeps its state."""
-        if not records:
-            return
-        with self.transaction() as conn:
-            self._insert_queued(conn, records)
-
     def mark_running(self, record: dict[str, Any]) -> bool:
         """Claim a try for the job in ``record``: insert it, or move it to ``running``.
 

@@ -68,23 +68,26 @@ def add_try(
 ) -> str:
     now = now or utcnow()
     task_id = task_id or uuid.uuid4().hex
-    store.tries.record_queued(
+    store.tries.apply_writes(
         [
-            {
-                "task_id": task_id,
-                "try_number": try_number,
-                "task_name": task_name,
-                "state": state,
-                "queue": "orders",
-                "args": [1],
-                "kwargs": {},
-                "job_id": job_id,
-                "queued_at": now - timedelta(hours=1),
-                "started_at": now - timedelta(minutes=30) if job_id else None,
-                "ended_at": None if ended_age is None else now - timedelta(seconds=ended_age),
-                "updated_at": now,
-                **columns,
-            }
+            (
+                "queued",
+                {
+                    "task_id": task_id,
+                    "try_number": try_number,
+                    "task_name": task_name,
+                    "state": state,
+                    "queue": "orders",
+                    "args": [1],
+                    "kwargs": {},
+                    "job_id": job_id,
+                    "queued_at": now - timedelta(hours=1),
+                    "started_at": now - timedelta(minutes=30) if job_id else None,
+                    "ended_at": None if ended_age is None else now - timedelta(seconds=ended_age),
+                    "updated_at": now,
+                    **columns,
+                },
+            )
         ]
     )
     return task_id

@@ -100,11 +100,11 @@ def history(store):
     queued = add_try(store, "queued")
     keep.add(queued)
     at = utcnow()
-    store.reservations.record_reservations(
+    store.tries.apply_writes(
         [
-            (queued, 1, "some-job", at - timedelta(seconds=old)),
-            (finished, 1, "some-job", at - timedelta(seconds=old)),
-            (deferred, 1, "some-job", at - timedelta(seconds=recent)),
+            ("reserved", (queued, 1, "some-job", at - timedelta(seconds=old))),
+            ("reserved", (finished, 1, "some-job", at - timedelta(seconds=old))),
+            ("reserved", (deferred, 1, "some-job", at - timedelta(seconds=recent))),
         ]
     )
     callbacks_keep = {add_callback(store, recent), add_callback(store, old, claimed_for=60)}

@@ -100,21 +100,24 @@ def test_no_sql_in_the_package_is_built_by_string_formatting():
 def test_hostile_names_and_ids_round_trip_through_the_store(store, hostile):
     now = utcnow()
     job_id = add_job(store, hostname=hostile)
-    store.tries.record_queued(
+    store.tries.apply_writes(
         [
-            {
-                "task_id": hostile,
-                "try_number": 1,
-                "task_name": hostile,
-                "state": "queued",
-                "queue": hostile,
-                "routing_key": hostile,
-                "args": [hostile],
-                "kwargs": {hostile: hostile},
-                "headers": {hostile: hostile},
-                "queued_at": now,
-                "updated_at": now,
-            }
+            (
+                "queued",
+                {
+                    "task_id": hostile,
+                    "try_number": 1,
+                    "task_name": hostile,
+                    "state": "queued",
+                    "queue": hostile,
+                    "routing_key": hostile,
+                    "args": [hostile],
+                    "kwargs": {hostile: hostile},
+                    "headers": {hostile: hostile},
+                    "queued_at": now,
+                    "updated_at": now,
+                },
+            )
         ]
     )
     assert store.tries.mark_running(

@@ -32,16 +32,19 @@ def add_job(store, job_id: str, heartbeat_age: float, state: JobState = JobState
 
 def queue_try(store, task_id: str, try_number: int = 1) -> None:
     now = utcnow()
-    store.tries.record_queued(
+    store.tries.apply_writes(
         [
-            {
-                "task_id": task_id,
-                "try_number": try_number,
-                "task_name": "lifecycle.add",
-                "state": "queued",
-                "queued_at": now,
-                "updated_at": now,
-            }
+            (
+                "queued",
+                {
+                    "task_id": task_id,
+                    "try_number": try_number,
+                    "task_name": "lifecycle.add",
+                    "state": "queued",
+                    "queued_at": now,
+                    "updated_at": now,
+                },
+            )
         ]
     )
 

@@ -81,7 +81,7 @@ def test_running_by_job_lookup_uses_a_partial_index(store):
 
 
 def test_transition_is_a_compare_and_set(store):
-    store.tries.record_queued([queued()])
+    store.tries.apply_writes([("queued", queued())])
     assert store.tries.mark_running(running())
     assert store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS, ended_at=utcnow())
     # The same change again loses: the try is no longer running.
@@ -113,7 +113,7 @@ def test_concurrent_transitions_of_one_try_have_exactly_one_winner(store):
 def test_publisher_record_after_worker_claim_keeps_running_state(store):
     # The worker's claim can land before the publisher's buffered queued record.
     assert store.tries.mark_running(running(args=None))
-    store.tries.record_queued([queued(headers={"root_id": "r"})])
+    store.tries.apply_writes([("queued", queued(headers={"root_id": "r"}))])
     (row,) = store.tries.history("t1")
     assert row["state"] == TaskState.RUNNING and row["job_id"] == "job-a"
     assert row["queued_at"] is not None and row["args"] == [1, 2]
@@ -137,7 +137,7 @@ def test_redelivered_running_try_is_claimed_by_the_new_job(store):
 def test_tries_are_kept_as_history(store):
     store.tries.mark_running(running(try_number=1))
     store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.UP_FOR_RETRY)
-    store.tries.record_queued([queued(try_number=2)])
+    store.tries.apply_writes([("queued", queued(try_number=2))])
     store.tries.mark_running(running(try_number=2))
     store.tries.transition("t1", 2, TaskState.RUNNING, TaskState.SUCCESS)
     assert [(r["try_number"], r["state"]) for r in store.tries.history("t1")] == [
@@ -194,7 +194,9 @@ def test_sqlite_store_runs_in_wal_mode(sqlite_url):
 
 
 def test_timestamps_come_back_as_aware_utc(store):
-    store.tries.record_queued([queued()])
+    store.tries.apply_writes([("queued", queued())])
     assert store.tries.history("t1")[0]["queued_at"].utcoffset() == timedelta(0)
     with pytest.raises(Exception, match="naive datetime"):
-        store.tries.record_queued([queued("t2", queued_at=utcnow().replace(tzinfo=None))])
+        store.tries.apply_writes(
+            [("queued", queued("t2", queued_at=utcnow().replace(tzinfo=None)))]
+        )

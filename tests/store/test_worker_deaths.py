@@ -30,14 +30,14 @@ def test_a_claim_that_finds_its_try_still_running_counts_one_death(store):
 def test_a_second_claim_by_the_same_job_is_no_death(store):
     # A delivery checked as possibly stale is claimed once by the check, then again
     # by the death-counting claim of the same process: one run, no death.
-    store.tries.record_queued([queued()])
+    store.tries.apply_writes([("queued", queued())])
     assert store.tries.mark_running(running(job_id="job-a"))
     assert store.tries.claim_counting_deaths(running(job_id="job-a")) == 0
     assert store.tries.claim_counting_deaths(running(job_id="job-b")) == 1
 
 
 def test_a_first_run_of_a_published_try_is_no_death(store):
-    store.tries.record_queued([queued()])
+    store.tries.apply_writes([("queued", queued())])
     assert store.tries.claim_counting_deaths(running()) == 0
     # The buffered claim counts the same way.
     store.tries.apply_writes([("running", running(job_id="job-b"))])
@@ -45,7 +45,7 @@ def test_a_first_run_of_a_published_try_is_no_death(store):
 
 
 def test_an_outboxed_transition_writes_its_callback_only_when_it_wins(store):
-    store.tries.record_queued([queued("t1"), queued("t2")])
+    store.tries.apply_writes([("queued", queued("t1")), ("queued", queued("t2"))])
     store.tries.transition("t2", 1, TaskState.QUEUED, TaskState.REVOKED, updated_at=utcnow())
     now = utcnow()
 

@@ -65,19 +65,22 @@ def make_queued(store, task_id: str, queue: str = "unused", task_name: str = "li
     from celery_recovery.core.timeutils import utcnow
 
     past = utcnow() - timedelta(seconds=5)
-    store.tries.record_queued(
+    store.tries.apply_writes(
         [
-            {
-                "task_id": task_id,
-                "try_number": 1,
-                "task_name": task_name,
-                "state": "queued",
-                "queue": queue,
-                "args": [1, 2],
-                "kwargs": {},
-                "queued_at": past,
-                "updated_at": past,
-            }
+            (
+                "queued",
+                {
+                    "task_id": task_id,
+                    "try_number": 1,
+                    "task_name": task_name,
+                    "state": "queued",
+                    "queue": queue,
+                    "args": [1, 2],
+                    "kwargs": {},
+                    "queued_at": past,
+                    "updated_at": past,
+                },
+            )
         ]
     )
 

@@ -32,19 +32,22 @@ def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle
             "latest_heartbeat": past,
         }
     )
-    store.tries.record_queued(
+    store.tries.apply_writes(
         [
-            {
-                "task_id": task_id,
-                "try_number": 1,
-                "task_name": task_name,
-                "state": "queued",
-                "queue": "unused",
-                "args": list(args),
-                "kwargs": {},
-                "queued_at": past,
-                "updated_at": past,
-            }
+            (
+                "queued",
+                {
+                    "task_id": task_id,
+                    "try_number": 1,
+                    "task_name": task_name,
+                    "state": "queued",
+                    "queue": "unused",
+                    "args": list(args),
+                    "kwargs": {},
+                    "queued_at": past,
+                    "updated_at": past,
+                },
+            )
         ]
     )
     assert store.tries.mark_running(
