@@ -24,6 +24,7 @@ from celery import current_task
 from celery.exceptions import Ignore
 
 from celery_recovery.context import context_for_app
+from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import DeferralError, StoreError
 from celery_recovery.core.states import DEFERRED_STATE
 from celery_recovery.core.timeutils import utcnow
@@ -103,9 +104,7 @@ def defer(
         raise DeferralError(f"trigger queue={queue!r} must be a string")
     timeout_at = None
     if timeout is not None:
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-            raise DeferralError(f"defer() timeout={timeout!r} must be a positive number of seconds")
+        seconds = positive_seconds("defer() timeout", timeout, DeferralError, timedelta_ok=True)
         timeout_at = utcnow() + timedelta(seconds=seconds)
     _record_deferral(
         context,

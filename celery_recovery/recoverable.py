@@ -32,7 +32,9 @@ from kombu.utils.json import loads as kombu_loads
 from redis.exceptions import RedisError
 
 from celery_recovery import metrics
+from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.log_once import LogOnce
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.locks import DONE, HELD
@@ -47,7 +49,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _token: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "celery_recovery_fencing_token", default=None
 )
-_unstorable_said: set[str] = set()
+#: Tasks whose result could not be remembered, already warned about.
+_unstorable = LogOnce()
 
 
 def current_fencing_token() -> int | None:
@@ -99,8 +102,7 @@ def recoverable(
         ("result_ttl", result_ttl),
         ("retry_countdown", retry_countdown),
     ):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
+        positive_seconds(name, value)
     if on_duplicate not in ("retry", "skip"):
         raise ConfigurationError(f"on_duplicate={on_duplicate!r}; allowed: 'retry', 'skip'")
     if on_lock_error not in ("retry", "run"):
@@ -218,8 +220,7 @@ def _encode_result(task_name: str, result: Any) -> str | None:
     except (TypeError, ValueError):
         text = None
     if text is None or len(text) > MAX_RECORDED_PAYLOAD:
-        if task_name not in _unstorable_said:
-            _unstorable_said.add(task_name)
+        if _unstorable.first(task_name):
             logger.warning(
                 "celery-recovery: %s returned a result that is not JSON (or over %d bytes); "
                 "its completion is remembered without the result",

@@ -8,7 +8,6 @@ says why it failed.
 
 from __future__ import annotations
 
-import math
 import socket
 import sys
 
@@ -16,6 +15,7 @@ import click
 
 from celery_recovery.cli.output import age_seconds
 from celery_recovery.cli.support import dead_after, store_of
+from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.states import JobType
 from celery_recovery.core.timeutils import utcnow
 
@@ -45,7 +45,7 @@ def jobs() -> None:
 @click.option("--local", is_flag=True, help="Only jobs on this machine (its host name).")
 @click.option(
     "--threshold",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     metavar="SECONDS",
     help="Heartbeat age that counts as dead. Default: recovery_zombie_threshold for "
     "workers, recovery_health_check_threshold for beat and triggerer.",
@@ -68,13 +68,11 @@ def check(
       celery-recovery --app proj.celery:app jobs check --job-type worker --local
       celery-recovery jobs check --job-type beat --threshold 60
     """
+    if threshold is not None:
+        # NaN compares false with every age: the probe would pass for a dead job.
+        threshold = positive_seconds("--threshold", threshold, click.BadParameter)
     if local and hostname:
         raise click.UsageError("give --hostname or --local, not both")
-    if threshold is not None and not math.isfinite(threshold):
-        # NaN compares false with every age: the probe would pass for a dead job.
-        raise click.BadParameter(
-            f"{threshold} is not a finite number of seconds", param_hint="--threshold"
-        )
     host = socket.gethostname() if local else hostname
     now = utcnow()
     with store_of(ctx) as (store, settings):

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.log_once import LogOnce
 
 logger = logging.getLogger("celery_recovery")
 
 PREFIX = "recovery_"
 
-_warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_warned: weakref.WeakKeyDictionary[Any, LogOnce] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,8 @@ def report_unread(app: Any, values: AppConfValues, resolved_database_url: str) -
                 f"{message}; the store would be {mask_url(resolved_database_url)} instead "
                 f"of {mask_url(str(value))}. {fix}"
             )
-        seen = _warned.setdefault(app, set())
-        if key in seen:
+        if not _warned.setdefault(app, LogOnce()).first(key):
             continue
-        seen.add(key)
         text = f"{message}; rename it to {instead!r}"
         # Both: daemons (workers, beat) often hide warnings, tests and shells hide logs.
         warnings.warn(text, stacklevel=4)

@@ -12,9 +12,9 @@ import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from datetime import timedelta
 from typing import Any
 
+from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.presets import PRESETS
 from celery_recovery.core.urls import mask_secrets, mask_url, normalise_database_url
@@ -82,31 +82,7 @@ class SettingSpec:
 def _duration(key: str, value: Any) -> float:
     """Seconds: a positive, finite number (a numeric string in the environment) or a
     ``timedelta``."""
-    if isinstance(value, timedelta):
-        result = value.total_seconds()
-    elif isinstance(value, bool):
-        raise ConfigurationError(
-            f"{key}={value!r} is not a duration; give seconds (a positive number) or a timedelta"
-        )
-    elif isinstance(value, int | float):
-        try:
-            result = float(value)
-        except OverflowError:  # an int too large for a float: certainly not a sane duration
-            result = float("inf")
-    elif isinstance(value, str):
-        try:
-            result = float(value.strip())
-        except ValueError:
-            raise ConfigurationError(
-                f"{key}={value!r} is not a duration; give seconds as a positive number"
-            ) from None
-    else:
-        raise ConfigurationError(
-            f"{key}={value!r} is not a duration; give seconds (a positive number) or a timedelta"
-        )
-    if not result > 0 or result != result or result == float("inf"):
-        raise ConfigurationError(f"{key}={value!r} must be a positive, finite number of seconds")
-    return result
+    return positive_seconds(key, value, timedelta_ok=True, text_ok=True)
 
 
 def _count(key: str, value: Any) -> int:

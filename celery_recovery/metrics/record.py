@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ParamSpec
 
 from celery_recovery.core.errors import StoreSchemaError, StoreUnavailableError
+from celery_recovery.core.log_once import LogOnce
 from celery_recovery.metrics import definitions as m
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("celery_recovery.metrics")
 
 P = ParamSpec("P")
-_failed: set[str] = set()
+_failures = LogOnce()
 
 
 def quietly(func: Callable[P, None]) -> Callable[P, None]:
@@ -35,10 +36,8 @@ def quietly(func: Callable[P, None]) -> Callable[P, None]:
         try:
             func(*args, **kwargs)
         except Exception:
-            first = name not in _failed
-            _failed.add(name)
             logger.log(
-                logging.WARNING if first else logging.DEBUG,
+                logging.WARNING if _failures.first(name) else logging.DEBUG,
                 "celery-recovery: recording metric %s failed; carrying on without it",
                 name,
                 exc_info=True,

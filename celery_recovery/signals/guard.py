@@ -7,11 +7,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from celery_recovery.core.log_once import LogOnce
+
 logger = logging.getLogger("celery_recovery.signals")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_reported: set[str] = set()
+_failures = LogOnce()
 
 
 def never_raises(handler: F) -> F:
@@ -23,15 +25,14 @@ def never_raises(handler: F) -> F:
         try:
             return handler(*args, **kwargs)
         except Exception:
-            if name in _reported:
-                logger.debug("celery-recovery: %s failed again", name, exc_info=True)
-            else:
-                _reported.add(name)
+            if _failures.first(name):
                 logger.exception(
                     "celery-recovery: signal handler %s failed; the task is not affected "
                     "(further failures of this handler are logged at debug level)",
                     name,
                 )
+            else:
+                logger.debug("celery-recovery: %s failed again", name, exc_info=True)
             return None
 
     return wrapper  # type: ignore[return-value]

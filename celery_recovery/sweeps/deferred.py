@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 
+from celery_recovery.core.log_once import LogOnce
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.triggerer.outcomes import OutcomeApplier, timed_out
 
@@ -19,7 +19,7 @@ logger = logging.getLogger("celery_recovery.sweep")
 
 #: Seconds between two warnings about the same unserved queue, per process.
 UNSERVED_WARNING_INTERVAL = 300.0
-_warned: dict[str, float] = {}
+_unserved_warned = LogOnce(every=UNSERVED_WARNING_INTERVAL)
 
 
 def sweep_deferred(ctx: SweepContext) -> None:
@@ -41,12 +41,10 @@ def sweep_deferred(ctx: SweepContext) -> None:
 
 
 def _warn_unserved(ctx: SweepContext, waiting: dict[str, int]) -> None:
-    now = time.monotonic()
     for queue, count in sorted(waiting.items()):
         ctx.report.unserved_triggers += count
-        if now - _warned.get(queue, -UNSERVED_WARNING_INTERVAL) < UNSERVED_WARNING_INTERVAL:
+        if not _unserved_warned.first(queue):
             continue
-        _warned[queue] = now
         logger.warning(
             "celery-recovery: %d deferred task(s) wait in trigger queue %r, which no live "
             "triggerer serves; start one: celery -A proj recovery triggerer --queues %s",

@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import states
 
+from celery_recovery.core.durations import positive_seconds
 from celery_recovery.triggers.base import (
     BaseTrigger,
     Event,
@@ -31,10 +32,8 @@ class TaskResultTrigger(BaseTrigger):
     def __init__(self, task_id: str, poll: float = 1.0, end_from_trigger: bool = False) -> None:
         if not isinstance(task_id, str) or not task_id:
             raise ValueError(f"TaskResultTrigger task_id={task_id!r} must be a task id string")
-        if isinstance(poll, bool) or not isinstance(poll, int | float) or not poll > 0:
-            raise ValueError(f"TaskResultTrigger poll={poll!r} must be a positive number")
+        self.poll = positive_seconds("TaskResultTrigger poll", poll, ValueError)
         self.task_id = task_id
-        self.poll = float(poll)
         self.end_from_trigger = bool(end_from_trigger)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
