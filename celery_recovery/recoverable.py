@@ -24,7 +24,8 @@ import functools
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar, overload
 
 from celery import current_task
 from kombu.utils.json import dumps as kombu_dumps
@@ -32,12 +33,13 @@ from kombu.utils.json import loads as kombu_loads
 from redis.exceptions import RedisError
 
 from celery_recovery import metrics
+from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.log_once import LogOnce
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
-from celery_recovery.locks import DONE, HELD
+from celery_recovery.locks import DONE, HELD, Acquisition, IdempotencyLocks, LeaseRenewer
 from celery_recovery.locks.keys import KeySpec, build_key, check_template
 from celery_recovery.messages import MAX_RECORDED_PAYLOAD
 from celery_recovery.postpone import postpone
@@ -97,120 +99,218 @@ def recoverable(
     stable hash of the arguments.  ``lock_ttl``, ``result_ttl`` and
     ``retry_countdown`` are seconds.
     """
-    for name, value in (
-        ("lock_ttl", lock_ttl),
-        ("result_ttl", result_ttl),
-        ("retry_countdown", retry_countdown),
-    ):
-        positive_seconds(name, value)
-    if on_duplicate not in ("retry", "skip"):
-        raise ConfigurationError(f"on_duplicate={on_duplicate!r}; allowed: 'retry', 'skip'")
-    if on_lock_error not in ("retry", "run"):
-        raise ConfigurationError(f"on_lock_error={on_lock_error!r}; allowed: 'retry', 'run'")
+    options = _Options(
+        idempotency_key, lock_ttl, result_ttl, on_duplicate, on_lock_error, retry_countdown
+    )
 
     def decorate(function: F) -> F:
+        # A key template naming no parameter fails when the task is defined, not
+        # on its first delivery.
         check_template(function, idempotency_key)
 
         @functools.wraps(function)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            task = current_task._get_current_object() if current_task else None
-            from celery_recovery.context import context_for_app
-
-            context = context_for_app(task.app) if task is not None else None
-            if context is None or task.request.called_directly:
+            call = _GuardedCall.of_running_task(function, options, args, kwargs)
+            if call is None:
                 return function(*args, **kwargs)
-            key = build_key(function, idempotency_key, task.name, args, kwargs, task)
-            return _run_guarded(context, task, key, function, args, kwargs)
-
-        def _run_guarded(context, task, key, function, args, kwargs):  # type: ignore[no-untyped-def]
-            request = task.request
-            holder = f"{request.id}:{request.retries + 1}"
-            try:
-                locks, leases = context.runtime.locks()
-                got = locks.acquire(key, holder, lock_ttl)
-            except (RedisError, OSError) as exc:
-                metrics.lock_acquisition("error")
-                if on_lock_error == "run":
-                    logger.warning(
-                        "celery-recovery: Redis unavailable (%s); running %s[%s] WITHOUT its "
-                        "idempotency lock %r (on_lock_error='run')",
-                        exc,
-                        task.name,
-                        request.id,
-                        key,
-                    )
-                    return function(*args, **kwargs)
-                logger.warning(
-                    "celery-recovery: Redis unavailable (%s); %s[%s] not run, retried in %ss "
-                    "(idempotency key %r)",
-                    exc,
-                    task.name,
-                    request.id,
-                    retry_countdown,
-                    key,
-                )
-                postpone(context, task, retry_countdown, f"idempotency lock {key!r} unavailable")
-            metrics.lock_acquisition(got.outcome)
-            if got.outcome == DONE:
-                logger.info(
-                    "celery-recovery: %s[%s] key %r already done; returning its result",
-                    task.name,
-                    request.id,
-                    key,
-                )
-                return kombu_loads(got.result)
-            if got.outcome == HELD:
-                if on_duplicate == "skip":
-                    logger.info(
-                        "celery-recovery: %s[%s] skipped: key %r is held by %s",
-                        task.name,
-                        request.id,
-                        key,
-                        got.holder,
-                    )
-                    return None
-                postpone(context, task, retry_countdown, f"key {key!r} is held by {got.holder}")
-            request.idempotency_key, request.fencing_token = key, got.token
-            context.runtime.write(
-                WriteKind.TRANSITION,
-                Transition(
-                    request.id,
-                    request.retries + 1,
-                    (TaskState.RUNNING,),
-                    {"idempotency_key": key, "fencing_token": got.token},
-                ),
-            )
-            reset = _token.set(got.token)
-            leases.hold(key, got.value, lock_ttl)
-            try:
-                result = function(*args, **kwargs)
-            except BaseException:
-                leases.drop(key)
-                _release(locks, key, got.value, None)
-                raise
-            finally:
-                _token.reset(reset)
-            leases.drop(key)
-            _release(locks, key, got.value, _encode_result(task.name, result))
-            return result
-
-        def _release(locks, key, value, result_json):  # type: ignore[no-untyped-def]
-            try:
-                if not locks.release(key, value, result_json, result_ttl):
-                    metrics.lease_lost()
-                    logger.warning(
-                        "celery-recovery: idempotency lock %r was no longer ours at release "
-                        "(lease expired; a newer attempt holds it)",
-                        key,
-                    )
-            except (RedisError, OSError) as exc:
-                logger.warning("celery-recovery: could not release %r: %s", key, exc)
+            return call.run()
 
         return guarded  # type: ignore[return-value]
 
     if func is not None:
         return decorate(func)
     return decorate
+
+
+@dataclass(frozen=True)
+class _Options:
+    """``@recoverable``'s options, checked when the decorator is applied."""
+
+    idempotency_key: KeySpec
+    lock_ttl: float
+    result_ttl: float
+    on_duplicate: str
+    on_lock_error: str
+    retry_countdown: float
+
+    def __post_init__(self) -> None:
+        for name in ("lock_ttl", "result_ttl", "retry_countdown"):
+            positive_seconds(name, getattr(self, name))
+        if self.on_duplicate not in ("retry", "skip"):
+            raise ConfigurationError(
+                f"on_duplicate={self.on_duplicate!r}; allowed: 'retry', 'skip'"
+            )
+        if self.on_lock_error not in ("retry", "run"):
+            raise ConfigurationError(
+                f"on_lock_error={self.on_lock_error!r}; allowed: 'retry', 'run'"
+            )
+
+
+class _GuardedCall:
+    """One delivery of a ``@recoverable`` task body, step by step: take the key's
+    lock, answer a duplicate without running, or run holding the lock and release
+    it remembering the result."""
+
+    #: This process's locks and lease renewer, set when the lock is taken.
+    locks: IdempotencyLocks
+    leases: LeaseRenewer
+
+    def __init__(
+        self,
+        context: RecoveryContext,
+        task: Any,
+        key: str,
+        function: Callable[..., Any],
+        options: _Options,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.context = context
+        self.task = task
+        self.request = task.request
+        self.key = key
+        self.function = function
+        self.options = options
+        self.args = args
+        self.kwargs = kwargs
+        # One holder per try: a retry (a new try) is a new holder of the same key.
+        self.holder = f"{self.request.id}:{self.request.retries + 1}"
+
+    @classmethod
+    def of_running_task(
+        cls,
+        function: Callable[..., Any],
+        options: _Options,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> _GuardedCall | None:
+        """Resolve the running task and its key; None when there is nothing to guard:
+        the body was called directly, or by an app without ``Recovery``."""
+        task = current_task._get_current_object() if current_task else None
+        if task is None:
+            return None
+        context = context_for_app(task.app)
+        if context is None or task.request.called_directly:
+            return None
+        key = build_key(function, options.idempotency_key, task.name, args, kwargs, task)
+        return cls(context, task, key, function, options, args, kwargs)
+
+    def run(self) -> Any:
+        got = self._acquire()
+        if got is None:
+            return self._call()
+        if got.outcome == DONE:
+            return self._remembered_result(got)
+        if got.outcome == HELD:
+            return self._held_elsewhere(got)
+        return self._run_holding(got)
+
+    def _call(self) -> Any:
+        return self.function(*self.args, **self.kwargs)
+
+    def _acquire(self) -> Acquisition | None:
+        """Take the key's lock (one round trip).  None: Redis is down and
+        ``on_lock_error="run"`` runs the body unguarded; otherwise a Redis outage
+        postpones the task (raises) rather than risk running it twice."""
+        try:
+            self.locks, self.leases = self.context.runtime.locks()
+            got = self.locks.acquire(self.key, self.holder, self.options.lock_ttl)
+        except (RedisError, OSError) as exc:
+            metrics.lock_acquisition("error")
+            if self.options.on_lock_error == "run":
+                logger.warning(
+                    "celery-recovery: Redis unavailable (%s); running %s[%s] WITHOUT its "
+                    "idempotency lock %r (on_lock_error='run')",
+                    exc,
+                    self.task.name,
+                    self.request.id,
+                    self.key,
+                )
+                return None
+            logger.warning(
+                "celery-recovery: Redis unavailable (%s); %s[%s] not run, retried in %ss "
+                "(idempotency key %r)",
+                exc,
+                self.task.name,
+                self.request.id,
+                self.options.retry_countdown,
+                self.key,
+            )
+            self._postpone(f"idempotency lock {self.key!r} unavailable")
+        metrics.lock_acquisition(got.outcome)
+        return got
+
+    def _remembered_result(self, got: Acquisition) -> Any:
+        """The key completed in an earlier delivery: its result, without running again."""
+        logger.info(
+            "celery-recovery: %s[%s] key %r already done; returning its result",
+            self.task.name,
+            self.request.id,
+            self.key,
+        )
+        return kombu_loads(got.result)
+
+    def _held_elsewhere(self, got: Acquisition) -> Any:
+        """Another live attempt holds the key: never run the body beside it."""
+        if self.options.on_duplicate == "skip":
+            logger.info(
+                "celery-recovery: %s[%s] skipped: key %r is held by %s",
+                self.task.name,
+                self.request.id,
+                self.key,
+                got.holder,
+            )
+            return None
+        # Retried later: by then the holder has finished (its result is remembered)
+        # or died (its lease expired).
+        self._postpone(f"key {self.key!r} is held by {got.holder}")
+
+    def _run_holding(self, got: Acquisition) -> Any:
+        """Run the body holding the lock, renewed while it runs; release it at the end,
+        remembering the result only when the body succeeded."""
+        self._record_holder(got)
+        reset = _token.set(got.token)
+        self.leases.hold(self.key, got.value, self.options.lock_ttl)
+        try:
+            result = self._call()
+        except BaseException:
+            # A failed attempt remembers nothing, so a retry of the task can run.
+            self._release(got, None)
+            raise
+        finally:
+            _token.reset(reset)
+        self._release(got, _encode_result(self.task.name, result))
+        return result
+
+    def _record_holder(self, got: Acquisition) -> None:
+        """Tell the body (``self.request``) and the try's record which key and token it holds."""
+        self.request.idempotency_key, self.request.fencing_token = self.key, got.token
+        self.context.runtime.write(
+            WriteKind.TRANSITION,
+            Transition(
+                self.request.id,
+                self.request.retries + 1,
+                (TaskState.RUNNING,),
+                {"idempotency_key": self.key, "fencing_token": got.token},
+            ),
+        )
+
+    def _release(self, got: Acquisition, result_json: str | None) -> None:
+        # Stop renewing first: the lease must not outlive the release.
+        self.leases.drop(self.key)
+        try:
+            if not self.locks.release(self.key, got.value, result_json, self.options.result_ttl):
+                metrics.lease_lost()
+                logger.warning(
+                    "celery-recovery: idempotency lock %r was no longer ours at release "
+                    "(lease expired; a newer attempt holds it)",
+                    self.key,
+                )
+        except (RedisError, OSError) as exc:
+            logger.warning("celery-recovery: could not release %r: %s", self.key, exc)
+
+    def _postpone(self, why: str) -> NoReturn:
+        postpone(self.context, self.task, self.options.retry_countdown, why)
 
 
 def _encode_result(task_name: str, result: Any) -> str | None:
