@@ -15,7 +15,7 @@ from celery_recovery.canvas import install_chord_body_once
 from celery_recovery.context import RecoveryContext, install, uninstall
 from celery_recovery.core.records import SweepReport
 from celery_recovery.core.settings import RecoverySettings
-from celery_recovery.execution import install_stale_delivery_guard
+from celery_recovery.redundant_deliveries import skip_redundant_deliveries
 from celery_recovery.retention import register_clean_task
 from celery_recovery.runtime import ProcessRuntime
 from celery_recovery.store import Store
@@ -66,7 +66,7 @@ class Recovery:
         signals.connect()
         register_sweep_task(context)
         register_clean_task(context)
-        install_stale_delivery_guard(context)
+        skip_redundant_deliveries(context)
         install_chord_body_once(context)
         logger.debug("celery-recovery installed on app %r, store %s", app.main, context.store)
 

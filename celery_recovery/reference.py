@@ -162,7 +162,7 @@ def render_presets_table() -> str:
             lambda v: _range(v["queued_timeout"], v["queued_timeout"] + v["sweep_interval"]),
         ),
         (
-            "delivery old enough for the stale-delivery check (`queued_timeout / 2`)",
+            "delivery old enough for the redundant-delivery check (`queued_timeout / 2`)",
             lambda v: _s(v["queued_timeout"] / 2),
         ),
     )

@@ -33,8 +33,8 @@ from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.execution import drop_delivery
 from celery_recovery.messages import encode_json, try_number_of
+from celery_recovery.redundant_deliveries import drop_delivery
 
 if TYPE_CHECKING:
     from celery_recovery.context import RecoveryContext

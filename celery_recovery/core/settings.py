@@ -291,7 +291,7 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "Age at which a queued try that no worker has started counts as lost (counted from "
         "its ETA when it has one) and is published again. Keep it above the longest "
         "time a task may wait in a queue. A delivery published longer ago than half of it "
-        "is checked against the store before it runs (stale-delivery check).",
+        "is checked against the store before it runs (redundant-delivery check).",
         "s",
     ),
     SettingSpec(

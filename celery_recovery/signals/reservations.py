@@ -10,7 +10,7 @@ its running ones, not ``recovery_queued_timeout`` later.
 It also stamps the reception time on the request, which reaches the pool
 process: a delivery that waited in this worker longer than a heartbeat
 interval may have been published again meanwhile (its job was judged dead
-during a pause), so it is checked before it runs (see :mod:`..execution`).
+during a pause), so it is checked before it runs (see :mod:`..redundant_deliveries`).
 """
 
 from __future__ import annotations

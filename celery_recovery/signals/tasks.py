@@ -33,9 +33,9 @@ from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import was_deferred
-from celery_recovery.execution import check_delivery, was_dropped
 from celery_recovery.messages import record_from_request, try_number_of
 from celery_recovery.postpone import was_postponed
+from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.signals.guard import never_raises
 from celery_recovery.worker_lost import (
     claim_counting_deaths,
@@ -78,8 +78,8 @@ def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     context = _context_of(task)
     if context is None:
         return
-    if check_delivery(context, task, task_id):
-        return  # stale: its before_start raises Ignore, and nothing is recorded
+    if drop_if_redundant(context, task, task_id):
+        return  # dropped: its before_start raises Ignore, and nothing is recorded
     runtime = context.runtime
     record = record_from_request(task, utcnow(), runtime.job_id)
     if task.acks_late:
@@ -156,7 +156,7 @@ def on_postrun(
         return
     store_refused_failure(task, task_id)
     if was_dropped(task_id):
-        return  # a stale delivery: the try's record belongs to the run that was not stale
+        return  # a dropped delivery: the try's record belongs to the run that was not dropped
     if was_deferred(task_id) or was_postponed(task_id):
         _started_at().pop(task_id, None)
         return  # the try was already moved to deferred, or back to queued
@@ -190,7 +190,7 @@ def _requeued(context: Any, task: Any, task_id: str) -> None:
     """``Reject(requeue=True)``: the message is back in the queue, so is the try.
 
     Its redelivery then claims it as usual; recording it finished would make that
-    redelivery look stale and be dropped.
+    redelivery look redundant and be dropped.
     """
     _started_at().pop(task_id, None)
     _take_aside(task_id)

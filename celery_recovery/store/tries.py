@@ -198,7 +198,7 @@ class TryRepository(TryRecovery):
         claim: dict[str, Any] = {column: insert.excluded[column] for column in CLAIM_COLUMNS}
         # SET sees the row as it was: still running in another job means the previous
         # run's process died.  Running in this very job is this delivery's own earlier
-        # claim (the stale-delivery check claims before the death-counting claim).
+        # claim (the redundant-delivery check claims before the death-counting claim).
         died = and_(
             task_records.c.state == TaskState.RUNNING.value,
             task_records.c.job_id.is_distinct_from(insert.excluded.job_id),

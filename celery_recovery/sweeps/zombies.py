@@ -69,7 +69,7 @@ def _handle(
     owner = live.get((seen.hostname, seen.pid)) if seen.state == states.STARTED else None
     if owner is not None and owner["id"] != job_id and zombie.get("adopted_until") is None:
         # Celery stores STARTED before a task's before_start, so the STARTED may come
-        # from a delivery that was then dropped as stale: adopt with a deadline, which
+        # from a delivery that was then dropped as redundant: adopt with a deadline, which
         # the adopter's own claim of the try cancels; otherwise it is reset then.
         until = ctx.now + timedelta(seconds=ctx.settings.adoption_timeout)
         reason = (

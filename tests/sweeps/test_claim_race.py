@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from celery_recovery import TaskState
-from celery_recovery.execution import check_delivery, was_dropped
 from celery_recovery.recovery import recovery_for_app
+from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from tests.sweeps.test_races import make_zombie
 from tests.sweeps.test_redelivery_owner import redelivery
 
@@ -21,7 +21,7 @@ def test_a_redelivery_whose_try_a_sweep_replaced_after_the_check_is_dropped(
     assert recovery.sweep().republished == 1
     monkeypatch.setattr(recovery.store.tries, "delivery_view", lambda *_: read_before_the_sweep)
 
-    assert check_delivery(recovery.context, redelivery("t1"), "t1") is True
+    assert drop_if_redundant(recovery.context, redelivery("t1"), "t1") is True
     assert was_dropped("t1")
     assert [(t["try_number"], t["state"]) for t in store.tries.history("t1")] == [
         (1, TaskState.UP_FOR_RETRY),

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.execution import check_delivery, was_dropped
 from celery_recovery.recovery import recovery_for_app
+from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.test_races import make_zombie
 
@@ -55,7 +55,7 @@ def test_redelivery_waits_for_the_owner_to_prove_alive_or_dead(client_app, store
         beater.start()
     began = time.monotonic()
     try:
-        dropped = check_delivery(recovery.context, redelivery("t1"), "t1")
+        dropped = drop_if_redundant(recovery.context, redelivery("t1"), "t1")
     finally:
         stop.set()
     took = time.monotonic() - began

@@ -165,7 +165,7 @@ def test_the_console_cannot_write(store, client):
 
 
 def test_a_dropped_stale_delivery_is_in_the_audit_log(store, client_app, client):
-    from celery_recovery.execution import check_delivery, was_dropped
+    from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
     from tests.sweeps.test_redelivery_owner import redelivery
 
     # Given try 1 was recovered as try 2 by a sweep
@@ -173,7 +173,7 @@ def test_a_dropped_stale_delivery_is_in_the_audit_log(store, client_app, client)
     make_zombie(store, "t1", age=60.0)
     assert recovery.sweep().republished == 1
     # When the broker hands the worker the old message of try 1 again
-    assert check_delivery(recovery.context, redelivery("t1"), "t1") is True
+    assert drop_if_redundant(recovery.context, redelivery("t1"), "t1") is True
     assert was_dropped("t1")
     recovery.runtime.writer.flush()
     # Then the log says that delivery was dropped, and why

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import celery_recovery.web
 
-FORBIDDEN = ("sweeps", "signals", "recovery", "execution", "triggerer", "runtime")
+FORBIDDEN = ("sweeps", "signals", "recovery", "redundant_deliveries", "triggerer", "runtime")
 
 
 def test_the_web_package_imports_no_mechanism():

@@ -1,28 +1,33 @@
-"""Stale and duplicate deliveries: never run a try's body twice.
+"""Redundant deliveries: a try's body never runs twice.
 
-After a sweep re-published a try, the broker may still hand out the original
-message (Redis restores unacknowledged messages after its visibility timeout,
-RabbitMQ requeues them when the dead worker's connection drops, and a message
-the lost-message sweep replaced may only have been slow).  Redis also
-restores a message whose task is still running past the visibility timeout.
+A delivery is redundant when its try no longer needs it: the try was
+superseded by a later try, is already finished, is deferred, or is running in
+a live job.  Such a delivery is dropped: its body is skipped, a warning says
+"dropping stale delivery", and the audit log records it (reason
+``stale_delivery``).
+
+They happen after a sweep re-published a try, when the broker still hands
+out the original message (Redis restores unacknowledged messages after its
+visibility timeout, RabbitMQ requeues them when the dead worker's connection
+drops, and a message the lost-message sweep replaced may only have been
+slow).  Redis also restores a message whose task is still running past the
+visibility timeout.
 
 The check runs at ``task_prerun``, before the try is claimed, and only for
-deliveries that can be stale (so the hot path does not pay a round trip):
-those the broker marks redelivered, resumes of deferred tries, those
+deliveries that can be redundant (so the hot path does not pay a round
+trip): those the broker marks redelivered, resumes of deferred tries, those
 published longer ago than half of ``recovery_queued_timeout`` (the
 lost-message sweep only replaces older ones), and those that waited in this
 worker longer than a heartbeat interval (the reserved sweep replaces the
-messages of a worker judged dead, which a paused one still holds).  A
-delivery is dropped when its try was superseded by a later try, is already
-finished, is deferred, or is running in a live job.  One that may be stale
-and is not is claimed at once, not through the writer: a sweep replacing the
-try at the same moment then either sees the claim or makes the claim fail.
-Signals cannot skip a task body, so :func:`install_stale_delivery_guard`
-gives every task of the app a ``before_start`` that raises ``Ignore`` for a
-dropped delivery (and the ``__call__`` that runs a resumed try's method, see
-:mod:`.deferral`).
+messages of a worker judged dead, which a paused one still holds).  One that
+may be redundant and is not is claimed at once, not through the writer: a
+sweep replacing the try at the same moment then either sees the claim or
+makes the claim fail.  Signals cannot skip a task body, so
+:func:`skip_redundant_deliveries` gives every task of the app a
+``before_start`` that raises ``Ignore`` for a dropped delivery (and the
+``__call__`` that runs a resumed try's method, see :mod:`.deferral`).
 
-Celery's built-in tasks are guarded too.  ``celery.chord_unlock`` retries
+Celery's built-in tasks are checked too.  ``celery.chord_unlock`` retries
 itself until its chord's header is ready, each retry a new try of the same
 task id, so a restored copy of an earlier try is dropped as superseded; the
 chord body itself is published under a claim (see :mod:`.canvas`), which also
@@ -54,39 +59,42 @@ if TYPE_CHECKING:
     from celery_recovery.context import RecoveryContext
     from celery_recovery.core.settings import RecoverySettings
 
-logger = logging.getLogger("celery_recovery.execution")
+logger = logging.getLogger("celery_recovery.redundant_deliveries")
 
-_GUARDED = "_celery_recovery_guarded"
-#: Celery's built-in tasks (``celery.chord_unlock``, ``celery.map``...): guarded like the
-#: user's, since a stale copy of one repeats its work (an unlock publishes a chord body).
+_SKIPS_DROPPED = "_celery_recovery_skips_dropped"
+#: Celery's built-in tasks (``celery.chord_unlock``, ``celery.map``...): checked like the
+#: user's, since a redundant copy of one repeats its work (an unlock publishes a chord body).
 BUILTIN_TASKS_PREFIX = "celery."
 OWN_TASKS_PREFIX = "celery_recovery."
 _dropped = threading.local()
 _IN_LIVE_JOB = "the try is running in live job"
 
 
-def install_stale_delivery_guard(context: RecoveryContext) -> None:
-    """Guard every task of the app, now if it is finalized, else when it is."""
+def skip_redundant_deliveries(context: RecoveryContext) -> None:
+    """Give every task of the app the ``before_start`` that skips a dropped delivery's
+    body (and the app's own tasks the resume of a deferred try), now if the app is
+    finalized, else when it is."""
     app = context.app
 
-    def guard_all(*_: Any, **__: Any) -> None:
+    def on_every_task(*_: Any, **__: Any) -> None:
         for task in list(app.tasks.values()):
             if task.name.startswith(OWN_TASKS_PREFIX):
                 continue  # the sweeps: idempotent, and they must run when the store is odd
-            _guard(type(task))
+            _skip_body_when_dropped(type(task))
             if not task.name.startswith(BUILTIN_TASKS_PREFIX):
                 install_resume(type(task))
 
     if app.finalized:
-        guard_all()
+        on_every_task()
     else:
-        app.on_after_finalize.connect(guard_all, weak=False)
+        app.on_after_finalize.connect(on_every_task, weak=False)
 
 
-def check_delivery(context: RecoveryContext, task: Any, task_id: str) -> bool:
-    """At ``task_prerun``: True (and the body will be skipped) for a stale delivery."""
+def drop_if_redundant(context: RecoveryContext, task: Any, task_id: str) -> bool:
+    """At ``task_prerun``: True (and the body will be skipped) for a redundant delivery;
+    a delivery that may be redundant and is not is claimed."""
     request = task.request
-    if not _may_be_stale(request, context.settings):
+    if not _may_be_redundant(request, context.settings):
         return False
     try_number = try_number_of(request)
     runtime = context.runtime
@@ -101,14 +109,14 @@ def check_delivery(context: RecoveryContext, task: Any, task_id: str) -> bool:
     # "Live" here means it beat within two intervals: a worker that died a moment
     # ago must not make us drop the broker's redelivery of its task.
     fresh = 2 * context.settings.heartbeat_interval
-    why = _stale_because(view, try_number, fresh)
+    why = _redundant_because(view, try_number, fresh)
     if why is not None and why.startswith(_IN_LIVE_JOB):
         try:
             view = _settle_owner(context, task_id, try_number, view, fresh)
         except StoreError as exc:
             runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
             return False
-        why = _stale_because(view, try_number, fresh)
+        why = _redundant_because(view, try_number, fresh)
     if why is None:
         try:
             if runtime.store.tries.mark_running(
@@ -163,14 +171,14 @@ def _settle_owner(
 
 
 def was_dropped(task_id: str, forget: bool = True) -> bool:
-    """True when this thread dropped ``task_id`` as a stale delivery."""
+    """True when this thread dropped the delivery of ``task_id``."""
     dropped = getattr(_dropped, "task_id", None) == task_id
     if dropped and forget:
         _dropped.task_id = None
     return dropped
 
 
-def _stale_because(view: dict[str, Any], try_number: int, fresh: float) -> str | None:
+def _redundant_because(view: dict[str, Any], try_number: int, fresh: float) -> str | None:
     state = view["state"]
     if view["latest"] > try_number:
         return f"superseded by try {view['latest']}"
@@ -215,8 +223,8 @@ def _is_zombie_process(pid: int) -> bool:
         return False
 
 
-def _guard(cls: type) -> None:
-    if cls.__dict__.get(_GUARDED):
+def _skip_body_when_dropped(cls: type) -> None:
+    if cls.__dict__.get(_SKIPS_DROPPED):
         return
     original = cls.before_start
 
@@ -226,10 +234,10 @@ def _guard(cls: type) -> None:
         return original(self, task_id, args, kwargs)
 
     cls.before_start = before_start  # type: ignore[attr-defined]
-    setattr(cls, _GUARDED, True)
+    setattr(cls, _SKIPS_DROPPED, True)
 
 
-def _may_be_stale(request: Any, settings: RecoverySettings) -> bool:
+def _may_be_redundant(request: Any, settings: RecoverySettings) -> bool:
     delivery = request.delivery_info or {}
     if delivery.get("redelivered"):
         return True
