@@ -29,7 +29,7 @@ from celery_recovery.core.errors import DeferralError, StoreError
 from celery_recovery.core.states import DEFERRED_STATE
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import record_from_request, try_number_of
-from celery_recovery.triggers.base import BaseTrigger
+from celery_recovery.triggers.base import DEFAULT_TRIGGER_QUEUE, BaseTrigger
 from celery_recovery.triggers.loading import allowed_prefixes, check_json, serialize_trigger
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def defer(
         if not isinstance(kwargs, dict):
             raise DeferralError(f"defer() kwargs={kwargs!r} must be a dict")
         check_json(kwargs, "defer() kwargs")
-    queue = getattr(trigger, "queue", None) or "default"
+    queue = getattr(trigger, "queue", None) or DEFAULT_TRIGGER_QUEUE
     if not isinstance(queue, str):
         raise DeferralError(f"trigger queue={queue!r} must be a string")
     timeout_at = None

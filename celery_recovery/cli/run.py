@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from celery_recovery.cli.support import CLIError, installed_recovery
+from celery_recovery.triggers.base import DEFAULT_TRIGGER_QUEUE
 
 
 def _metrics_port_option(verb: str) -> Any:
@@ -72,7 +73,7 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | Non
 @click.option(
     "-Q",
     "--queues",
-    default="default",
+    default=DEFAULT_TRIGGER_QUEUE,
     show_default=True,
     metavar="A,B",
     help="Comma-separated trigger queues this triggerer serves.",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, delete, or_, select, update
@@ -348,17 +350,12 @@ def _group_transitions(
     changes: Sequence[Transition],
 ) -> Iterator[tuple[_TransitionShape, list[Transition]]]:
     """Consecutive changes of one shape, batched; order is kept across shapes."""
-    key: _TransitionShape | None = None
-    group: list[Transition] = []
-    for change in changes:
-        change_key = (change.expected, tuple(sorted(change.values)), change.try_number is None)
-        if change_key != key and group:
-            yield key, group  # type: ignore[misc]
-            group = []
-        key = change_key
-        group.append(change)
-    if group:
-        yield key, group  # type: ignore[misc]
+    for shape, group in groupby(changes, key=_transition_shape):
+        yield shape, list(group)
+
+
+def _transition_shape(change: Transition) -> _TransitionShape:
+    return change.expected, tuple(sorted(change.values)), change.try_number is None
 
 
 def _coalesce(writes: Sequence[tuple[WriteKind, Any]]) -> list[tuple[WriteKind, Any]]:
@@ -393,16 +390,9 @@ def _coalesce(writes: Sequence[tuple[WriteKind, Any]]) -> list[tuple[WriteKind, 
 
 
 def _runs(writes: Sequence[tuple[WriteKind, Any]]) -> Iterator[tuple[WriteKind, list[Any]]]:
-    kind: WriteKind | None = None
-    batch: list[Any] = []
-    for item_kind, item in writes:
-        if item_kind != kind and batch:
-            yield kind, batch  # type: ignore[misc]
-            batch = []
-        kind = item_kind
-        batch.append(item)
-    if batch:
-        yield kind, batch  # type: ignore[misc]
+    """Consecutive writes of one kind, batched; order is kept across kinds."""
+    for kind, run in groupby(writes, key=itemgetter(0)):
+        yield kind, [item for _kind, item in run]
 
 
 def _requeues(change: Transition) -> bool:

@@ -117,13 +117,7 @@ class TryRecovery(Repository):
                 plan.try_number,
                 plan.expected_state,
                 plan.expected_job_id,
-                {
-                    "state": plan.new_state.value,
-                    "state_reason": plan.reason,
-                    "ended_at": now,
-                    "updated_at": now,
-                    "recovered_at": now,
-                },
+                _recovered_outcome(plan.new_state, plan.reason, now),
             ):
                 return False, False
             inserted = False
@@ -158,13 +152,7 @@ class TryRecovery(Repository):
         audit: Decision | None = None,
     ) -> bool:
         """Give a try the outcome the result backend reports (compare-and-set)."""
-        values = {
-            "state": new_state.value,
-            "state_reason": reason,
-            "ended_at": now,
-            "updated_at": now,
-            "recovered_at": now,
-        }
+        values = _recovered_outcome(new_state, reason, now)
         return self._cas_audited(
             task_id, try_number, expected_state, expected_job_id, values, audit
         )
@@ -275,3 +263,14 @@ class TryRecovery(Repository):
             .values(**values)
         )
         return conn.execute(stmt).rowcount == 1
+
+
+def _recovered_outcome(state: TaskState, reason: str, now: datetime) -> dict[str, Any]:
+    """The columns of a try a sweep ends (reset, failed or reconciled) at ``now``."""
+    return {
+        "state": state.value,
+        "state_reason": reason,
+        "ended_at": now,
+        "updated_at": now,
+        "recovered_at": now,
+    }

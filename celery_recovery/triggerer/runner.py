@@ -37,6 +37,7 @@ from celery_recovery.triggerer.outcomes import (
     timed_out,
 )
 from celery_recovery.triggerer.watchdog import LoopWatchdog
+from celery_recovery.triggers.base import DEFAULT_TRIGGER_QUEUE
 from celery_recovery.triggers.loading import TriggerLoadError, allowed_prefixes, load_trigger
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class Triggerer:
     def __init__(
         self,
         context: RecoveryContext,
-        queues: Sequence[str] = ("default",),
+        queues: Sequence[str] = (DEFAULT_TRIGGER_QUEUE,),
         capacity: int | None = None,
         poll_interval: float = POLL_INTERVAL,
         metrics_port: int | None = None,
