@@ -41,6 +41,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,6 @@ _SKIPS_DROPPED = "_celery_recovery_skips_dropped"
 BUILTIN_TASKS_PREFIX = "celery."
 OWN_TASKS_PREFIX = "celery_recovery."
 _dropped = threading.local()
-_IN_LIVE_JOB = "the try is running in live job"
 
 
 def skip_redundant_deliveries(context: RecoveryContext) -> None:
@@ -110,7 +110,7 @@ def drop_if_redundant(context: RecoveryContext, task: Any, task_id: str) -> bool
     # ago must not make us drop the broker's redelivery of its task.
     fresh = 2 * context.settings.heartbeat_interval
     why = _redundant_because(view, try_number, fresh)
-    if why is not None and why.startswith(_IN_LIVE_JOB):
+    if why is not None and why.owner_may_be_dead:
         try:
             view = _settle_owner(context, task_id, try_number, view, fresh)
         except StoreError as exc:
@@ -126,15 +126,16 @@ def drop_if_redundant(context: RecoveryContext, task: Any, task_id: str) -> bool
         except StoreError as exc:
             runtime.health.record_failure(exc, f"claiming a redelivery of {task_id}")
             return False
-        why = "the try changed while this delivery was checked (a sweep replaced it)"
+        why = Redundant("the try changed while this delivery was checked (a sweep replaced it)")
     logger.warning(
         "celery-recovery: dropping stale delivery of %s[%s] try %d: %s",
         task.name,
         task_id,
         try_number,
-        why,
+        why.reason,
     )
-    runtime.write(WriteKind.AUDIT, stale_delivery(task.name, task_id, try_number, why, view))
+    audit = stale_delivery(task.name, task_id, try_number, why.reason, view)
+    runtime.write(WriteKind.AUDIT, audit)
     drop_delivery(task_id)
     return True
 
@@ -178,21 +179,31 @@ def was_dropped(task_id: str, forget: bool = True) -> bool:
     return dropped
 
 
-def _redundant_because(view: dict[str, Any], try_number: int, fresh: float) -> str | None:
+@dataclass(frozen=True)
+class Redundant:
+    """Why a delivery is redundant, as the log and the audit say it."""
+
+    reason: str
+    #: The try runs in a job whose heartbeat is fresh: that alone does not prove the
+    #: job alive (see :func:`_settle_owner`).
+    owner_may_be_dead: bool = False
+
+
+def _redundant_because(view: dict[str, Any], try_number: int, fresh: float) -> Redundant | None:
     state = view["state"]
     if view["latest"] > try_number:
-        return f"superseded by try {view['latest']}"
+        return Redundant(f"superseded by try {view['latest']}")
     if state == TaskState.REVOKED and view.get("recovered_at") is not None:
         return None  # a sweep's presumption from a revoke or purge: the delivery proves it wrong
     if state in FINISHED_TASK_STATES:
-        return f"the try is already {state}"
+        return Redundant(f"the try is already {state}")
     if state == TaskState.DEFERRED:
-        return "the try is deferred, waiting for its trigger"
+        return Redundant("the try is deferred, waiting for its trigger")
     if state == TaskState.RUNNING and view["job_state"] == JobState.RUNNING:
         heartbeat = view["job_heartbeat"]
         fresh_beat = heartbeat is not None and utcnow() - heartbeat < timedelta(seconds=fresh)
         if fresh_beat and not _died_here(view.get("job_hostname"), view.get("job_pid")):
-            return f"{_IN_LIVE_JOB} {view['job_id']}"
+            return Redundant(f"the try is running in live job {view['job_id']}", True)
     return None
 
 
@@ -223,7 +234,7 @@ def _is_zombie_process(pid: int) -> bool:
         return False
 
 
-def _skip_body_when_dropped(cls: type) -> None:
+def _skip_body_when_dropped(cls: Any) -> None:
     if cls.__dict__.get(_SKIPS_DROPPED):
         return
     original = cls.before_start
@@ -233,7 +244,7 @@ def _skip_body_when_dropped(cls: type) -> None:
             raise Ignore()
         return original(self, task_id, args, kwargs)
 
-    cls.before_start = before_start  # type: ignore[attr-defined]
+    cls.before_start = before_start
     setattr(cls, _SKIPS_DROPPED, True)
 
 

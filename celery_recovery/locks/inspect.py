@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from celery_recovery.locks.redis_lock import IdempotencyLocks
+from celery_recovery.locks.redis_lock import IdempotencyLocks, parse_lock_value
 
 #: Keys asked for per SCAN call.
 SCAN_PAGE = 500
@@ -50,13 +50,13 @@ def _read(
     for name, value, pttl in zip(names, replies[0::2], replies[1::2], strict=True):
         if value is None:  # released between SCAN and GET
             continue
-        holder, _, token = value.decode(errors="replace").rpartition("|")
+        holder, token = parse_lock_value(value)
         ttl = pttl / 1000 if pttl and pttl > 0 else None
         locks.append(
             {
                 "key": _text(name)[len(prefix) :],
                 "holder": holder,
-                "token": int(token) if token.isdigit() else None,
+                "token": token,
                 "ttl": ttl,
                 "expires_at": now + timedelta(seconds=ttl) if ttl is not None else None,
             }

@@ -92,8 +92,8 @@ class IdempotencyLocks:
             return Acquisition(ACQUIRED, token=int(data), holder=holder)
         if kind == 2:
             return Acquisition(DONE, result=data)
-        owner, _, token = str(data).rpartition("|")
-        return Acquisition(HELD, token=int(token) if token.isdigit() else None, holder=owner)
+        owner, token = parse_lock_value(data)
+        return Acquisition(HELD, token=token, holder=owner)
 
     def renew(self, key: str, value: str, ttl: float) -> bool:
         return bool(self._renew(keys=[self.lock_key(key)], args=[value, int(ttl * 1000)]))
@@ -122,5 +122,12 @@ class IdempotencyLocks:
         value, ttl = pipe.execute()
         if value is None:
             return None, None, None
-        owner, _, token = value.decode().rpartition("|")
-        return owner, int(token), ttl / 1000 if ttl and ttl > 0 else None
+        owner, token = parse_lock_value(value)
+        return owner, token, ttl / 1000 if ttl and ttl > 0 else None
+
+
+def parse_lock_value(value: bytes | str) -> tuple[str, int | None]:
+    """(holder, fencing token) of a lock's value, ``"<holder>|<token>"``."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    holder, _, token = text.rpartition("|")
+    return holder, int(token) if token.isdigit() else None

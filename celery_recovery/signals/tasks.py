@@ -76,7 +76,7 @@ def _describe(exc: BaseException | None) -> str | None:
 @never_raises
 def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     context = _context_of(task)
-    if context is None:
+    if context is None or task_id is None:
         return
     if drop_if_redundant(context, task, task_id):
         return  # dropped: its before_start raises Ignore, and nothing is recorded

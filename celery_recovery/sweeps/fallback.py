@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from celery_recovery.core.errors import StoreError
-from celery_recovery.core.timeutils import utcnow
 from celery_recovery.sweeps.runner import SWEEP_COMPLETION, run_sweep
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ class SweepFallback:
 
     def _check(self, interval: float) -> None:
         store = self.context.store
-        now = utcnow()
+        now = self.context.clock()
         allowed = MISSED_SWEEPS * interval
         last = store.checkins.last_completed(SWEEP_COMPLETION)
         if self._active and last is not None and last != self._own_completion:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from celery_recovery import metrics
 from celery_recovery.core.records import SweepReport
-from celery_recovery.core.timeutils import utcnow
 from celery_recovery.sweeps.callbacks import deliver_callbacks
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.deferred import sweep_deferred
@@ -54,7 +53,7 @@ def run_sweep(context: RecoveryContext, now: datetime | None = None) -> SweepRep
     started = time.perf_counter()
     report = SweepReport()
     holder = f"{socket.gethostname()}:{os.getpid()}"
-    ctx = SweepContext(context, now or utcnow(), report, holder)
+    ctx = SweepContext(context, now or context.clock(), report, holder)
     with ctx.isolated("checking for a gap in sweeping"):
         report.heartbeat_grace = _heartbeat_grace(ctx)
     for name, step in STEPS:
@@ -64,7 +63,7 @@ def run_sweep(context: RecoveryContext, now: datetime | None = None) -> SweepRep
             step(ctx)
     report.duration = time.perf_counter() - started
     with ctx.isolated("recording the sweep's completion"):
-        context.store.checkins.mark_completed(SWEEP_COMPLETION, utcnow(), report.as_dict())
+        context.store.checkins.mark_completed(SWEEP_COMPLETION, context.clock(), report.as_dict())
     with ctx.isolated("reading the gauges of metrics"):
         metrics.refresh_gauges(context.store, ctx.now)
     report.duration = time.perf_counter() - started
@@ -90,7 +89,7 @@ def _heartbeat_grace(ctx: SweepContext) -> float:
     settings = ctx.settings
     # Wall-clock time, like the completions it is compared with (a caller may
     # sweep "as of" another time).
-    now = utcnow()
+    now = ctx.context.clock()
     grace_until = store.checkins.last_completed(HEARTBEAT_GRACE)
     if grace_until is not None and now < grace_until:
         return (grace_until - now).total_seconds()
