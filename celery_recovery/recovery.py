@@ -18,6 +18,7 @@ from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.redundant_deliveries import skip_redundant_deliveries
 from celery_recovery.retention import register_clean_task
 from celery_recovery.runtime import ProcessRuntime
+from celery_recovery.signals.reservations import ForgetReservationsOnReconnect
 from celery_recovery.store import Store
 from celery_recovery.sweeps.fallback import SweepFallback
 from celery_recovery.sweeps.runner import run_sweep
@@ -64,6 +65,8 @@ class Recovery:
         setattr(app, _ATTRIBUTE, self)
         install(context)
         signals.connect()
+        # A worker that loses its broker connection forgets the messages it reserved.
+        app.steps["consumer"].add(ForgetReservationsOnReconnect)
         register_sweep_task(context)
         register_clean_task(context)
         skip_redundant_deliveries(context)

@@ -11,6 +11,13 @@ It also stamps the reception time on the request, which reaches the pool
 process: a delivery that waited in this worker longer than a heartbeat
 interval may have been published again meanwhile (its job was judged dead
 during a pause), so it is checked before it runs (see :mod:`..redundant_deliveries`).
+
+A reservation says "this live worker holds the message", which keeps the
+lost-message sweep off the try.  When the worker's broker connection breaks,
+Celery forgets every message it held and did not start (they cannot be
+acknowledged on a new channel; the broker keeps them, Redis for its visibility
+timeout): :class:`ForgetReservationsOnReconnect`, a consumer step, deletes the
+job's reservations then, so those tries fall back to the queued timeout.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from celery import bootsteps
 from celery.signals import task_received
 
 from celery_recovery.context import context_for_app
+from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.republish import RESERVED_AT_HEADER
@@ -47,6 +56,36 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     details[RESERVED_AT_HEADER] = time.time()
     try_number = int(details.get("retries") or 0) + 1
     runtime.write(WriteKind.RESERVED, (request.id, try_number, job_id, utcnow()))
+
+
+class ForgetReservationsOnReconnect(bootsteps.StartStopStep):
+    """A consumer step whose ``stop`` runs when the consumer restarts after a lost
+    broker connection (and at shutdown), after Celery cleared its reserved and
+    scheduled messages: the job's reservations go too."""
+
+    def create(self, c: Any) -> ForgetReservationsOnReconnect:
+        return self
+
+    def start(self, c: Any) -> None:
+        pass
+
+    def stop(self, c: Any) -> None:
+        context = context_for_app(c.app)
+        if context is None:
+            return
+        runtime = context.runtime
+        job_id = runtime.job_id
+        if job_id is None:
+            return
+        # Reservations still buffered would otherwise be written after the delete.
+        runtime.writer.flush(timeout=2.0)
+        try:
+            context.store.reservations.forget_job(job_id)
+        except StoreError as exc:
+            runtime.health.record_failure(exc, f"forgetting the reservations of job {job_id}")
+
+    def shutdown(self, c: Any) -> None:
+        self.stop(c)
 
 
 def connect() -> None:

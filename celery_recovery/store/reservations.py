@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.engine import Connection
 
 from celery_recovery.core.records import ReservedRow
@@ -43,6 +43,13 @@ class ReservationRepository(Repository):
             index_elements=["task_id", "try_number"],
             set_={"job_id": insert.excluded.job_id, "reserved_at": insert.excluded.reserved_at},
         )
+
+    def forget_job(self, job_id: str) -> int:
+        """Delete every reservation of ``job_id`` (its worker no longer holds those
+        messages); how many there were."""
+        stmt = delete(reservations).where(reservations.c.job_id == job_id)
+        with self.transaction() as conn:
+            return max(conn.execute(stmt).rowcount, 0)
 
     def find_reserved_by_dead_jobs(
         self, now: datetime, threshold: float, limit: int = 500

@@ -9,9 +9,11 @@ the lost-message sweep sends the forgotten messages again.
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
 from celery_recovery import JobType, TaskState
 from celery_recovery.store import Store
+from celery_recovery.store.schema import reservations
 from tests.faults.helpers import TaskStream, wait_all_succeeded
 from tests.sweeps.helpers import count, ledger_lines
 from tests.workers import wait_for
@@ -68,4 +70,32 @@ def test_redis_restart_mid_run_loses_nothing_and_charges_once(
         assert meta["result"]["order"] == "o1"
         assert count(ledger, "run o1") == 1, ledger_lines(ledger)
     assert store.tries.history(charge.id)[-1]["state"] == TaskState.SUCCESS
+    store.dispose()
+
+
+def test_messages_a_worker_held_when_its_connection_broke_are_not_taken_for_held(
+    private_redis, pg_url, make_client_app, start_worker
+):
+    # Given one worker busy with a long task and a second task waiting in its prefetch
+    # buffer (recorded as reserved by that live worker)
+    client = make_client_app(pg_url, queued_timeout=3)
+    store = Store(pg_url)
+    worker = start_worker(store_url=pg_url, name="w1", concurrency=1)
+    busy = client.send_task("lifecycle.sleep_for", (4,))
+    waiting = client.send_task("lifecycle.add", (1, 2))
+
+    def reserved() -> set[str]:
+        with store.transaction() as conn:
+            return {r.task_id for r in conn.execute(select(reservations))}
+
+    wait_for(lambda: waiting.id in reserved(), 15, what="the waiting task's reservation")
+    # When Redis restarts without persistence: the worker reconnects and forgets what
+    # it held, and Redis forgot the messages
+    private_redis.restart()
+    # Then the worker's reservations go with its connection, and the lost-message sweep
+    # sends the forgotten task again instead of taking it for one a live worker holds
+    wait_for(lambda: not reserved(), 15, what="the reservations of the reconnected worker")
+    wait_all_succeeded(store, [busy.id, waiting.id], 60, sweep_app=client)
+    assert worker.proc.poll() is None, worker.log  # the same worker, reconnected
+    assert store.tries.history(waiting.id)[-1]["state"] == TaskState.SUCCESS
     store.dispose()
