@@ -91,13 +91,14 @@ def run_role(
     role: str, stream: str, url: str, rate: float | None, tasks: int, start: float, out: Any
 ) -> None:
     """One simulated process: write ``tasks`` tasks' records of ``role``, then report."""
+    from celery_recovery.core.records import Transition
+    from celery_recovery.core.settings import RecoverySettings
+    from celery_recovery.core.states import JobType, TaskState
+    from celery_recovery.core.timeutils import utcnow
     from celery_recovery.messages import record_from_publish, record_from_request
     from celery_recovery.runtime import ProcessRuntime
-    from celery_recovery.settings import RecoverySettings
     from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
-    from celery_recovery.states import JobType, TaskState
-    from celery_recovery.store import Store, Transition
-    from celery_recovery.timeutils import utcnow
+    from celery_recovery.store import Store
 
     settings = RecoverySettings.from_sources(overrides={"recovery_database_url": url})
     runtime = ProcessRuntime(Store(url), settings)
