@@ -81,33 +81,36 @@ class WriteBehindWriter:
         self._oldest = math.inf
         #: Claims waiting here whose task has not ended: (task_id, try) -> (record, arrival).
         self._open_claims: dict[tuple[str, int], tuple[dict[str, Any], float]] = {}
-        #: When the flusher thread plans to wake up; a write due earlier wakes it.
-        self._wake_at = math.inf
+        #: Whether this process claims tries (a pool process): then the flusher looks
+        #: at the buffer at least every claim interval.
+        self._takes_claims = False
 
     def submit(self, kind: WriteKind, item: Any) -> None:
         """Queue one write; never blocks on the store."""
         overflow = 0
         with self._cond:
-            now = time.monotonic()
             if kind == WriteKind.TRANSITION and self._fold_outcome(item):
                 return
+            now = time.monotonic()
             if kind == WriteKind.RUNNING:
-                key = (item["task_id"], item["try_number"])
                 item = dict(item)  # folded into later: never the caller's dict
-                self._open_claims[key] = (item, now)
-                due = now + self.claim_interval
-            else:
-                due = (self._oldest if self._pending else now) + self.flush_interval
+                self._open_claims[(item["task_id"], item["try_number"])] = (item, now)
+                if not self._takes_claims:
+                    # The flusher may be in a longer wait, planned before claims came.
+                    self._takes_claims = True
+                    self._cond.notify()
             if not self._pending:
                 self._oldest = now
+                # The flusher sleeps while nothing is pending; once something is, it
+                # looks again at least every claim interval, so later writes need not
+                # wake it (a wake-up per task costs more than the write).
+                self._cond.notify()
             self._pending.append((kind, item))
             overflow = len(self._pending) - self.max_pending
             for _ in range(max(0, overflow)):
                 self._forget(self._pending.popleft())
             if self._thread is None:
                 self._start()
-            if due < self._wake_at:
-                self._cond.notify()
         if overflow > 0:
             self.health.record_dropped(overflow, self.max_pending)
 
@@ -168,21 +171,20 @@ class WriteBehindWriter:
                     if self._closed and not self._pending:
                         return
                     if not self._pending:
-                        self._wake_at = math.inf
                         self._cond.wait()
                         continue
-                    self._wake_at = self._due()
-                    wait = self._wake_at - time.monotonic()
+                    wait = self._due() - time.monotonic()
                     if self._hurry or wait <= 0:
                         break
+                    if self._takes_claims:
+                        # A claim submitted meanwhile does not wake this thread.
+                        wait = min(wait, self.claim_interval)
                     self._cond.wait(wait)
                 self._hurry = False
-                self._wake_at = -math.inf  # busy: a new write need not wake it
             wait = self.health.seconds_until_retry()
             if wait > 0:
                 with self._cond:
                     self._hurry = False  # only a flush() asked from now on cuts the wait short
-                    self._wake_at = math.inf
                     self._cond.wait_for(lambda: self._hurry or self._closed, timeout=wait)
                 continue
             with self._cond:
