@@ -63,10 +63,16 @@ def _schedule(rate: float | None, index: int, start: float, lag: float) -> None:
         time.sleep(delay)
 
 
-def _request(task_id: str) -> Any:
+def _published_at(start_epoch: float, rate: float | None, index: int) -> float:
+    """The publish time a stream's task ``index`` carries in its header (both roles agree)."""
+    return start_epoch + index / (rate or 1000.0)
+
+
+def _request(task_id: str, published_at: float) -> Any:
     """What a pool process's ``task.request`` holds for a no-op task."""
     return SimpleNamespace(
         id=task_id,
+        recovery_published_at=published_at,
         retries=0,
         args=[1],
         kwargs={},
@@ -88,13 +94,20 @@ def _request(task_id: str) -> Any:
 
 
 def run_role(
-    role: str, stream: str, url: str, rate: float | None, tasks: int, start: float, out: Any
+    role: str,
+    stream: str,
+    url: str,
+    rate: float | None,
+    tasks: int,
+    start: float,
+    start_epoch: float,
+    out: Any,
 ) -> None:
     """One simulated process: write ``tasks`` tasks' records of ``role``, then report."""
     from celery_recovery.core.records import Transition
     from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.core.states import JobType, TaskState
-    from celery_recovery.core.timeutils import utcnow
+    from celery_recovery.core.timeutils import from_timestamp, utcnow
     from celery_recovery.messages import record_from_publish, record_from_request
     from celery_recovery.runtime import ProcessRuntime
     from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
@@ -116,15 +129,19 @@ def run_role(
         _schedule(rate, index, start, lag)
         task_id = f"{stream}-{index}"
         now = utcnow()
+        published = _published_at(start_epoch, rate, index)
         if role == "publisher":
             headers = {"id": task_id, "task": "bench.noop", "retries": 0, "root_id": task_id}
             body = ([index], {}, {"callbacks": None, "errbacks": None, "chain": None})
-            record = record_from_publish(headers, body, "", "celery", None, {"priority": 0}, now)
+            queued_at = from_timestamp(published)
+            record = record_from_publish(
+                headers, body, "", "celery", None, {"priority": 0}, queued_at
+            )
             runtime.write("queued", record)
         elif role == "receiver":
             runtime.write("reserved", (task_id, 1, job_id, now))
         else:
-            task = SimpleNamespace(name="bench.noop", request=_request(task_id))
+            task = SimpleNamespace(name="bench.noop", request=_request(task_id, published))
             runtime.record_start(record_from_request(task, now, job_id))
             done = utcnow()
             runtime.write(
@@ -153,10 +170,14 @@ def run_level(url: str, streams: int, rate: float | None, seconds: float, tasks_
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     start = time.monotonic() + 3.0  # every process connected and ready
+    start_epoch = time.time() + 3.0
     # A stream's three roles share its task ids.
     names = [f"s{n}-{uuid.uuid4().hex[:6]}" for n in range(streams)]
     procs = [
-        ctx.Process(target=run_role, args=(role, name, url, per_stream, tasks, start, out))
+        ctx.Process(
+            target=run_role,
+            args=(role, name, url, per_stream, tasks, start, start_epoch, out),
+        )
         for name in names
         for role in ROLES
     ]

@@ -16,7 +16,7 @@ from typing import Any
 from kombu.utils.json import JSONEncoder as KombuJSONEncoder
 
 from celery_recovery.core.states import TaskState
-from celery_recovery.core.timeutils import as_utc
+from celery_recovery.core.timeutils import as_utc, from_timestamp
 from celery_recovery.store import EncodedJSON
 
 #: Largest encoded argument payload kept for re-publishing, in bytes.
@@ -36,6 +36,8 @@ _HEADERS_NOT_KEPT = frozenset(
         "recovery_reserved_at",
     }
 )
+#: The header a publisher stamps its publish time in (see :mod:`celery_recovery.republish`).
+_PUBLISHED_AT = "recovery_published_at"
 #: Request attributes kept as headers when a worker creates the record.
 _REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "origin")
 
@@ -158,6 +160,11 @@ def record_from_request(task: Any, now: datetime, job_id: str | None) -> dict[st
         worker_pid=os.getpid(),
         started_at=now,
     )
+    published = getattr(request, _PUBLISHED_AT, None)
+    if isinstance(published, int | float):
+        # The publisher's queued_at, to the microsecond: when this claim creates the try,
+        # the publisher's later write changes no indexed column (a HOT update).
+        record["queued_at"] = from_timestamp(published)
     _set_payload(record, payload, reason and f"arguments are {reason}")
     return record
 
