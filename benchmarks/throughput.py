@@ -325,8 +325,13 @@ def main() -> None:
     parser.add_argument(
         "--stores", default="postgres,sqlite", help="stores to compare with plain Celery"
     )
+    parser.add_argument(
+        "--acks-late", action="store_true", help="an acks_late task (claimed synchronously)"
+    )
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.acks_late:
+        os.environ["BENCH_ACKS_LATE"] = "1"
     if args.publish is not None:
         publish(args.publish)
         return
@@ -348,7 +353,11 @@ def main() -> None:
             drop_database(name)
         scratch.cleanup()
     plain_rate = statistics.median(r["rate"] for r in rounds["plain"])
-    report: dict[str, Any] = {"tasks": args.tasks, "rounds": args.rounds}
+    report: dict[str, Any] = {
+        "tasks": args.tasks,
+        "rounds": args.rounds,
+        "acks_late": args.acks_late,
+    }
     for kind, runs in rounds.items():
         rates = [r["rate"] for r in runs]
         summary: dict[str, Any] = {
