@@ -99,11 +99,17 @@ def run_role(
     url: str,
     rate: float | None,
     tasks: int,
-    start: float,
-    start_epoch: float,
+    clock: Any,
     out: Any,
+    go: Any,
+    leave: Any,
 ) -> None:
-    """One simulated process: write ``tasks`` tasks' records of ``role``, then report."""
+    """One simulated process: write ``tasks`` tasks' records of ``role``, then report.
+
+    It says it is ready on ``out``, starts at the instants ``clock`` holds once
+    ``go`` is set, and keeps its connections until ``leave`` is set (the
+    server's CPU is read from its backends before they end).
+    """
     from celery_recovery.core.records import Transition
     from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.core.states import JobType, TaskState
@@ -122,6 +128,9 @@ def run_role(
         runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
     runtime.store.ensure_ready()
     lag = {"publisher": 0.0, "receiver": START_LAG / 2, "runner": START_LAG}[role]
+    out.put({"ready": role})
+    go.wait()
+    start, start_epoch = clock[0], clock[1]
     cpu_start = time.process_time()
     while time.monotonic() < start:
         time.sleep(0.001)
@@ -161,6 +170,7 @@ def run_role(
             "cpu": time.process_time() - cpu_start,
         }
     )
+    leave.wait()
     runtime.close()
 
 
@@ -169,14 +179,14 @@ def run_level(url: str, streams: int, rate: float | None, seconds: float, tasks_
     tasks = int(per_stream * seconds) if per_stream is not None else tasks_max
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    start = time.monotonic() + 3.0  # every process connected and ready
-    start_epoch = time.time() + 3.0
+    go, leave = ctx.Event(), ctx.Event()
+    clock = ctx.Array("d", 2)  # when the streams start: monotonic and wall clock
     # A stream's three roles share its task ids.
     names = [f"s{n}-{uuid.uuid4().hex[:6]}" for n in range(streams)]
     procs = [
         ctx.Process(
             target=run_role,
-            args=(role, name, url, per_stream, tasks, start, start_epoch, out),
+            args=(role, name, url, per_stream, tasks, clock, out, go, leave),
         )
         for name in names
         for role in ROLES
@@ -184,14 +194,18 @@ def run_level(url: str, streams: int, rate: float | None, seconds: float, tasks_
     before = table_counters(url)
     for proc in procs:
         proc.start()
-    while time.monotonic() < start - 0.5:
-        time.sleep(0.05)
+    for _ in procs:
+        out.get(timeout=120)  # every process connected and ready
+    start = clock[0] = time.monotonic() + 0.2
+    clock[1] = time.time() + 0.2
+    go.set()
     servers = server_pids(url)
     server_cpu = process_cpu(servers)
     load = os.getloadavg()[0]
     reports = [out.get(timeout=600) for _ in procs]
     finished = max(r["finished"] for r in reports)
     server_cpu = process_cpu(server_pids(url)) - server_cpu
+    leave.set()
     for proc in procs:
         proc.join(60)
     wait_for_backends_to_leave(url)
