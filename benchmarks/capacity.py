@@ -110,7 +110,7 @@ def run_role(
     ``go`` is set, and keeps its connections until ``leave`` is set (the
     server's CPU is read from its backends before they end).
     """
-    from celery_recovery.core.records import Transition
+    from celery_recovery.core.records import Transition, WriteKind
     from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.core.states import JobType, TaskState
     from celery_recovery.core.timeutils import from_timestamp, utcnow
@@ -146,15 +146,15 @@ def run_role(
             record = record_from_publish(
                 headers, body, "", "celery", None, {"priority": 0}, queued_at
             )
-            runtime.write("queued", record)
+            runtime.write(WriteKind.QUEUED, record)
         elif role == "receiver":
-            runtime.write("reserved", (task_id, 1, job_id, now))
+            runtime.write(WriteKind.RESERVED, (task_id, 1, job_id, now))
         else:
             task = SimpleNamespace(name="bench.noop", request=_request(task_id, published))
             runtime.record_start(record_from_request(task, now, job_id))
             done = utcnow()
             runtime.write(
-                "transition",
+                WriteKind.TRANSITION,
                 Transition(
                     task_id,
                     1,
