@@ -2,6 +2,8 @@
 
 ``BENCH_PLAIN=1`` runs plain Celery; otherwise ``Recovery(app)`` is installed
 and configured by the ``CELERY_RECOVERY_*`` environment variables.
+``BENCH_ACKS_LATE=1`` makes the task ``acks_late`` (its claim is then
+committed before the body runs, to count the deaths of its processes).
 """
 
 from __future__ import annotations
@@ -24,6 +26,6 @@ if os.environ.get("BENCH_PLAIN") != "1":
     recovery = Recovery(app)
 
 
-@app.task(name="bench.noop")
+@app.task(name="bench.noop", acks_late=os.environ.get("BENCH_ACKS_LATE") == "1")
 def noop(i):
     return i

@@ -1,11 +1,19 @@
-"""Throughput of plain Celery against Celery with celery-recovery on PostgreSQL.
+"""Throughput of plain Celery against Celery with celery-recovery, and what it costs.
 
 The same N no-op tasks go through one prefork worker (concurrency 2, Redis
-broker and result backend), in alternating rounds: plain, recovery, plain,
-recovery...  Each round's rate is tasks / (last result - first publish), the
-publisher included (its queued records are part of the cost).  Prints JSON.
+broker and result backend), in alternating rounds: plain, PostgreSQL store,
+SQLite store, plain, ...  Each round's rate is tasks / (last result - first
+publish), the publisher included (its queued records are part of the cost).
 
-    python benchmarks/throughput.py --tasks 3000 --rounds 3
+Wall-clock rates depend on whatever else the machine runs, so each round also
+reports load-independent figures: CPU per task of the worker's processes (and
+of its main process alone) and of the publisher, and on PostgreSQL the
+server's CPU per task (its backends' CPU in ``/proc``), rows and commits per
+task and the share of updates that were HOT.  Prints JSON; the ratios are medians of the rounds.
+
+    python benchmarks/throughput.py --tasks 3000 --rounds 5 --stores postgres,sqlite
+
+Redis databases: ``RECOVERY_BENCH_REDIS_DB`` (broker) and the next one (backend).
 """
 
 from __future__ import annotations
@@ -17,13 +25,21 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PG_ADMIN = os.environ.get("BENCH_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+#: Redis databases of the broker and the result backend (the next one).
+_DB = int(os.environ.get("RECOVERY_BENCH_REDIS_DB", "11"))
+BROKER = f"redis://127.0.0.1:6379/{_DB}"
+BACKEND = f"redis://127.0.0.1:6379/{_DB + 1}"
+#: Clock ticks per second of /proc CPU times.
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def create_database() -> str:
@@ -53,23 +69,117 @@ def drop_database(name: str) -> None:
     admin.dispose()
 
 
-def round_env(plain: bool, store_url: str, queue: str) -> dict[str, str]:
+def create_sqlite_store(directory: str) -> str:
+    from celery_recovery.store.engine import create_store_engine
+    from celery_recovery.store.migrate import upgrade
+
+    url = f"sqlite:///{directory}/bench.sqlite3"
+    engine = create_store_engine(url, for_migrations=True)
+    upgrade(engine)
+    engine.dispose()
+    return url
+
+
+# -- load-independent figures ------------------------------------------------
+
+
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        total += int(fields[11]) + int(fields[12])
+    return total / _TICKS
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (a worker and its pool)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(entry))
+    return pids
+
+
+def _query(store_url: str, sql: str) -> list[Any]:
+    """Rows of one statement, on a connection of its own (statistics are not cached)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(store_url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(sql)))
+    finally:
+        engine.dispose()
+
+
+def server_pids(store_url: str) -> list[int]:
+    """The PostgreSQL backends connected to the store's database (not this query's)."""
+    rows = _query(
+        store_url,
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    return [int(row[0]) for row in rows]
+
+
+def table_counters(store_url: str) -> dict[str, int]:
+    """Rows written, HOT updates and commits in the store's database so far."""
+    (row,) = _query(
+        store_url,
+        "SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0), "
+        "coalesce(sum(n_tup_del), 0), "
+        "coalesce(sum(n_tup_upd) FILTER (WHERE relname = 'task_records'), 0), "
+        "coalesce(sum(n_tup_hot_upd) FILTER (WHERE relname = 'task_records'), 0), "
+        "(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) "
+        "FROM pg_stat_user_tables",
+    )
+    keys = ("inserted", "updated", "deleted", "task_updates", "task_hot_updates", "commits")
+    return {key: int(value) for key, value in zip(keys, row, strict=True)}
+
+
+def wait_for_backends_to_leave(store_url: str, timeout: float = 30.0) -> None:
+    """Backends flush their table statistics when they exit: wait for that."""
+    deadline = time.monotonic() + timeout
+    while server_pids(store_url) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+# -- one round -----------------------------------------------------------------
+
+
+def round_env(store: str, store_url: str | None, queue: str) -> dict[str, str]:
     env = {
         **os.environ,
         "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
-        "BENCH_PLAIN": "1" if plain else "0",
+        "BENCH_PLAIN": "1" if store == "plain" else "0",
         "BENCH_QUEUE": queue,
+        "BENCH_BROKER": BROKER,
+        "BENCH_BACKEND": BACKEND,
         "C_FORCE_ROOT": "1",
     }
     env.pop("CELERY_RECOVERY_DATABASE_URL", None)
-    if not plain:
+    if store_url is not None:
         env["CELERY_RECOVERY_DATABASE_URL"] = store_url
     return env
 
 
-def run_round(plain: bool, tasks: int, store_url: str) -> float:
+def run_round(store: str, tasks: int, store_url: str | None) -> dict[str, Any]:
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    env = round_env(plain, store_url, queue)
+    env = round_env(store, store_url, queue)
+    postgres = store == "postgres"
+    before = table_counters(store_url) if postgres and store_url else None
     log = open(f"/tmp/bench-worker-{queue}.log", "w")  # noqa: SIM115
     worker = subprocess.Popen(
         [
@@ -96,8 +206,9 @@ def run_round(plain: bool, tasks: int, store_url: str) -> float:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    env["BENCH_WORKER_PGID"] = str(worker.pid)
+    env["BENCH_STORE"] = store
     try:
-        time.sleep(0)  # the publisher waits for the worker through the broker
         out = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--publish", str(tasks)],
             cwd=HERE,
@@ -107,7 +218,7 @@ def run_round(plain: bool, tasks: int, store_url: str) -> float:
             check=True,
             timeout=600,
         ).stdout
-        return float(json.loads(out.strip().splitlines()[-1])["rate"])
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         try:
@@ -115,6 +226,30 @@ def run_round(plain: bool, tasks: int, store_url: str) -> float:
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
         log.close()
+    result["store"] = store
+    if before is not None and store_url is not None:
+        wait_for_backends_to_leave(store_url)
+        after = table_counters(store_url)
+        delta = {key: after[key] - before[key] for key in after}
+        result["rows_per_task"] = round(
+            (delta["inserted"] + delta["updated"] + delta["deleted"]) / tasks, 3
+        )
+        result["commits_per_task"] = round(delta["commits"] / tasks, 4)
+        result["hot_ratio"] = round(delta["task_hot_updates"] / max(delta["task_updates"], 1), 3)
+    return result
+
+
+def _finished(store_url: str) -> int:
+    """Tries the store holds as finished (what the round's records reached)."""
+    return int(_query(store_url, "SELECT count(*) FROM task_records WHERE state = 'success'")[0][0])
+
+
+def _wait_finished(store_url: str, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _finished(store_url) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the store did not record {count} finished tries")
+        time.sleep(0.05)
 
 
 def publish(tasks: int) -> None:
@@ -122,53 +257,133 @@ def publish(tasks: int) -> None:
     import bench_app
     from celery.result import ResultSet
 
+    store = os.environ["BENCH_STORE"]
+    store_url = os.environ.get("CELERY_RECOVERY_DATABASE_URL")
+    worker_pgid = int(os.environ["BENCH_WORKER_PGID"])
     # Wait until the worker answers so its start-up is not timed.
     deadline = time.monotonic() + 60
     while not bench_app.app.control.ping(timeout=0.5):
         if time.monotonic() > deadline:
             raise SystemExit("the benchmark worker did not start")
     bench_app.noop.delay(-1).get(timeout=30)
+    done_before = 0
+    if store_url is not None:
+        bench_app.recovery.runtime.writer.flush()
+        done_before = _finished(store_url)
+        _wait_finished(store_url, done_before)
+    workers = group_pids(worker_pgid)
+    servers = server_pids(store_url) if store == "postgres" and store_url else []
+    cpu = {
+        "worker": process_cpu(workers),
+        "worker_main": process_cpu([worker_pgid]),
+        "server": process_cpu(servers),
+        "publisher": time.process_time(),
+    }
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     results = ResultSet([bench_app.noop.delay(i) for i in range(tasks)])
     results.join_native(timeout=600)
     elapsed = time.perf_counter() - start
-    print(json.dumps({"rate": tasks / elapsed, "seconds": elapsed}))
+    publisher_cpu = time.process_time() - cpu["publisher"]
+    if store_url is not None:
+        # The records are part of the work: count their CPU until they are all written.
+        bench_app.recovery.runtime.writer.flush()
+        publisher_cpu = time.process_time() - cpu["publisher"]
+        _wait_finished(store_url, done_before + tasks)
+    worker_cpu = process_cpu(workers) - cpu["worker"]
+    main_cpu = process_cpu([worker_pgid]) - cpu["worker_main"]
+    server_cpu = 0.0
+    if servers:
+        # Backends opened during the round count from zero.
+        now_servers = server_pids(store_url) if store_url else []
+        server_cpu = process_cpu(now_servers) - cpu["server"]
+    per_task = 1000 / tasks
+    print(
+        json.dumps(
+            {
+                "rate": tasks / elapsed,
+                "seconds": elapsed,
+                "load_1min": round(load, 2),
+                "worker_cpu_ms_per_task": round(worker_cpu * per_task, 3),
+                "worker_main_cpu_ms_per_task": round(main_cpu * per_task, 3),
+                "publisher_cpu_ms_per_task": round(publisher_cpu * per_task, 3),
+                "server_cpu_ms_per_task": round(server_cpu * per_task, 3),
+            }
+        )
+    )
+
+
+def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rounds if key in r]
+    return round(statistics.median(values), 3) if values else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each kind")
+    parser.add_argument(
+        "--stores", default="postgres,sqlite", help="stores to compare with plain Celery"
+    )
+    parser.add_argument(
+        "--acks-late", action="store_true", help="an acks_late task (claimed synchronously)"
+    )
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.acks_late:
+        os.environ["BENCH_ACKS_LATE"] = "1"
     if args.publish is not None:
         publish(args.publish)
         return
-    name = create_database()
-    store_url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    plain_rates: list[float] = []
-    recovery_rates: list[float] = []
+    stores = [s for s in args.stores.split(",") if s]
+    name = create_database() if "postgres" in stores else None
+    scratch = tempfile.TemporaryDirectory(prefix="bench-sqlite-")
+    urls: dict[str, str | None] = {"plain": None}
+    if name is not None:
+        urls["postgres"] = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    if "sqlite" in stores:
+        urls["sqlite"] = create_sqlite_store(scratch.name)
+    rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
     try:
         for _ in range(args.rounds):
-            plain_rates.append(run_round(True, args.tasks, store_url))
-            recovery_rates.append(run_round(False, args.tasks, store_url))
+            for kind, url in urls.items():
+                rounds[kind].append(run_round(kind, args.tasks, url))
     finally:
-        drop_database(name)
-    plain, recovery = statistics.median(plain_rates), statistics.median(recovery_rates)
-    print(
-        json.dumps(
-            {
-                "tasks": args.tasks,
-                "rounds": args.rounds,
-                "plain_tasks_per_s": round(plain, 1),
-                "recovery_postgres_tasks_per_s": round(recovery, 1),
-                "ratio": round(recovery / plain, 3),
-                "plain_rounds": [round(r, 1) for r in plain_rates],
-                "recovery_rounds": [round(r, 1) for r in recovery_rates],
-            },
-            indent=2,
-        )
-    )
+        if name is not None:
+            drop_database(name)
+        scratch.cleanup()
+    plain_rate = statistics.median(r["rate"] for r in rounds["plain"])
+    report: dict[str, Any] = {
+        "tasks": args.tasks,
+        "rounds": args.rounds,
+        "acks_late": args.acks_late,
+    }
+    for kind, runs in rounds.items():
+        rates = [r["rate"] for r in runs]
+        summary: dict[str, Any] = {
+            "tasks_per_s": round(statistics.median(rates), 1),
+            "rounds_tasks_per_s": [round(r, 1) for r in rates],
+            "load_1min": [r["load_1min"] for r in runs],
+        }
+        if kind != "plain":
+            # Ratio of each round to the plain round just before it, then the median.
+            ratios = [r / p["rate"] for r, p in zip(rates, rounds["plain"], strict=True)]
+            summary["ratio"] = round(statistics.median(ratios), 3)
+            summary["ratio_of_medians"] = round(statistics.median(rates) / plain_rate, 3)
+        for key in (
+            "worker_cpu_ms_per_task",
+            "worker_main_cpu_ms_per_task",
+            "publisher_cpu_ms_per_task",
+            "server_cpu_ms_per_task",
+            "rows_per_task",
+            "commits_per_task",
+            "hot_ratio",
+        ):
+            value = _median(runs, key)
+            if value is not None and (kind == "postgres" or key.split("_")[0] != "server"):
+                summary[key] = value
+        report[kind] = summary
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

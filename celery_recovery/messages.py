@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.json import JSONEncoder as KombuJSONEncoder
 
 from celery_recovery.core.states import TaskState
-from celery_recovery.core.timeutils import as_utc
+from celery_recovery.core.timeutils import as_utc, from_timestamp
 from celery_recovery.store import EncodedJSON
 
 #: Largest encoded argument payload kept for re-publishing, in bytes.
@@ -36,14 +36,26 @@ _HEADERS_NOT_KEPT = frozenset(
         "recovery_reserved_at",
     }
 )
+#: The header a publisher stamps its publish time in (see :mod:`celery_recovery.republish`).
+_PUBLISHED_AT = "recovery_published_at"
 #: Request attributes kept as headers when a worker creates the record.
 _REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "origin")
+
+
+#: kombu's encoder, as ``kombu.utils.json.dumps`` makes it on every call (with
+#: defaults); made once, since encoding runs twice per task on the hot path.
+#: ``encode`` keeps no state between calls, so threads may share it.
+_ENCODER = KombuJSONEncoder()
+#: The encoded ``{"embed": {...}}`` of messages without callbacks, chain or chord,
+#: by their key order.
+_EMPTY_EMBEDS: dict[tuple[str, ...], EncodedJSON] = {}
+_EMPTY_KWARGS = EncodedJSON("{}")
 
 
 def encode_json(value: Any) -> tuple[EncodedJSON | None, str | None]:
     """``value`` encoded as JSON in kombu's encoding, or ``(None, reason)``."""
     try:
-        text = kombu_dumps(value)
+        text = _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         return None, f"not JSON-serialisable ({type(exc).__name__}: {exc})"
     if len(text) > MAX_RECORDED_PAYLOAD:
@@ -55,8 +67,8 @@ def _encode_payload(
     args: Any, kwargs: Any, embed: Any
 ) -> tuple[tuple[EncodedJSON, EncodedJSON, EncodedJSON] | None, str | None]:
     parts = []
-    for value in (args, kwargs, {"embed": embed}):
-        encoded, reason = encode_json(value)
+    for value in (args, kwargs, embed):
+        encoded, reason = _encode_part(value, value is embed)
         if encoded is None:
             return None, reason
         parts.append(encoded)
@@ -64,6 +76,21 @@ def _encode_payload(
     if size > MAX_RECORDED_PAYLOAD:
         return None, f"{size} bytes, over the {MAX_RECORDED_PAYLOAD} bytes kept for re-publish"
     return (parts[0], parts[1], parts[2]), None
+
+
+def _encode_part(value: Any, is_embed: bool) -> tuple[EncodedJSON | None, str | None]:
+    """One part of the payload; the usual empty ones without encoding them again."""
+    if not is_embed:
+        return (_EMPTY_KWARGS, None) if value == {} else encode_json(value)
+    if isinstance(value, dict) and all(v is None for v in value.values()):
+        key = tuple(value)
+        encoded = _EMPTY_EMBEDS.get(key)
+        if encoded is None and len(_EMPTY_EMBEDS) < 16:
+            encoded, _ = encode_json({"embed": value})
+            _EMPTY_EMBEDS[key] = encoded  # type: ignore[assignment]
+        if encoded is not None:
+            return encoded, None
+    return encode_json({"embed": value})
 
 
 def record_from_publish(
@@ -133,6 +160,11 @@ def record_from_request(task: Any, now: datetime, job_id: str | None) -> dict[st
         worker_pid=os.getpid(),
         started_at=now,
     )
+    published = getattr(request, _PUBLISHED_AT, None)
+    if isinstance(published, int | float):
+        # The publisher's queued_at, to the microsecond: when this claim creates the try,
+        # the publisher's later write changes no indexed column (a HOT update).
+        record["queued_at"] = from_timestamp(published)
     _set_payload(record, payload, reason and f"arguments are {reason}")
     return record
 

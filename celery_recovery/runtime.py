@@ -68,7 +68,8 @@ class ProcessRuntime:
 
     def record_start(self, record: dict[str, Any]) -> None:
         """Queue the ``running`` claim of a try; it is committed within the writer's
-        flush interval (20 ms) while the task body runs on."""
+        claim interval (20 ms) while the task body runs on, or with its outcome when
+        the task ends first."""
         self.writer.submit(WriteKind.RUNNING, record)
 
     def start_job(

@@ -5,32 +5,47 @@ lost ``queued`` record is re-created when a worker starts the task, and a lost
 terminal state is reconciled from the result backend by the sweeps.  Batching
 them turns one commit per write into one commit per flush, which is what keeps
 the hot path near plain Celery's speed.  Writes keep their order.
+
+Batching adapts to what waits.  A ``running`` claim whose task is still
+running is committed within :data:`CLAIM_INTERVAL` of its start: that is the
+window in which a killed process leaves its try ``queued`` rather than
+``running`` (docs/recovery.md), so it must stay short.  Everything else (a
+publisher's ``queued`` rows, finished outcomes, reservations, audit rows) may
+wait :data:`FLUSH_INTERVAL`, so that batches grow and commits get rarer.  An
+outcome that finds its try's claim still waiting here is folded into it (one
+row write, and the claim is no longer urgent), as :func:`celery_recovery.store.tries._coalesce`
+would do at write time.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
-from celery_recovery.core.records import WriteKind
+from celery_recovery.core.records import Transition, WriteKind
+from celery_recovery.core.states import TaskState
 from celery_recovery.health import StoreHealth
 
 logger = logging.getLogger("celery_recovery.write_behind")
 
-#: Seconds a write may wait so that others can share its commit.  Short enough
-#: that a running claim is durable almost as soon as its task starts; long
-#: enough that a short task's claim and outcome share one row write.
-FLUSH_INTERVAL = 0.02
+#: Seconds a ``running`` claim of a task still running may wait: the recovery
+#: window of a process killed as its task starts (docs/recovery.md).
+CLAIM_INTERVAL = 0.02
+#: Seconds any other write may wait so that others can share its commit.
+FLUSH_INTERVAL = 0.15
 #: Most writes applied in one transaction.
 MAX_BATCH = 500
 #: Most writes kept while the store is down; older ones are dropped past it.
 MAX_PENDING = 10_000
 
 Write = tuple[WriteKind, Any]
+_RUNNING_ONLY = (TaskState.RUNNING,)
 
 
 class BatchTarget(Protocol):
@@ -48,36 +63,76 @@ class WriteBehindWriter:
         health: StoreHealth,
         *,
         flush_interval: float = FLUSH_INTERVAL,
+        claim_interval: float = CLAIM_INTERVAL,
         max_pending: int = MAX_PENDING,
     ) -> None:
         self.tries = tries
         self.health = health
         self.flush_interval = flush_interval
+        self.claim_interval = claim_interval
         self.max_pending = max_pending
         self._pending: deque[Write] = deque()
         self._cond = threading.Condition()
         self._in_flight = 0
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._hurry = threading.Event()
+        self._hurry = False
+        #: When the oldest pending write arrived (monotonic seconds).
+        self._oldest = math.inf
+        #: Claims waiting here whose task has not ended: (task_id, try) -> (record, arrival).
+        self._open_claims: dict[tuple[str, int], tuple[dict[str, Any], float]] = {}
+        #: Whether this process claims tries (a pool process): then the flusher looks
+        #: at the buffer at least every claim interval.
+        self._takes_claims = False
 
     def submit(self, kind: WriteKind, item: Any) -> None:
         """Queue one write; never blocks on the store."""
+        overflow = 0
         with self._cond:
+            if kind == WriteKind.TRANSITION and self._fold_outcome(item):
+                return
+            now = time.monotonic()
+            if kind == WriteKind.RUNNING:
+                item = dict(item)  # folded into later: never the caller's dict
+                self._open_claims[(item["task_id"], item["try_number"])] = (item, now)
+                if not self._takes_claims:
+                    # The flusher may be in a longer wait, planned before claims came.
+                    self._takes_claims = True
+                    self._cond.notify()
+            if not self._pending:
+                self._oldest = now
+                # The flusher sleeps while nothing is pending; once something is, it
+                # looks again at least every claim interval, so later writes need not
+                # wake it (a wake-up per task costs more than the write).
+                self._cond.notify()
             self._pending.append((kind, item))
             overflow = len(self._pending) - self.max_pending
             for _ in range(max(0, overflow)):
-                self._pending.popleft()
+                self._forget(self._pending.popleft())
             if self._thread is None:
                 self._start()
-            self._cond.notify()
         if overflow > 0:
             self.health.record_dropped(overflow, self.max_pending)
 
+    def _fold_outcome(self, change: Transition) -> bool:
+        """Fold an outcome into its try's claim when that claim still waits here."""
+        if change.expected != _RUNNING_ONLY or change.try_number is None:
+            return False
+        open_claim = self._open_claims.pop((change.task_id, change.try_number), None)
+        if open_claim is None:
+            return False
+        open_claim[0].update(change.values)
+        return True
+
+    def _forget(self, write: Write) -> None:
+        kind, item = write
+        if kind == WriteKind.RUNNING:
+            self._open_claims.pop((item["task_id"], item["try_number"]), None)
+
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued write is applied; False if the store did not take them."""
-        self._hurry.set()
         with self._cond:
+            self._hurry = True
             self._cond.notify_all()
             return self._cond.wait_for(
                 lambda: not self._pending and not self._in_flight, timeout=timeout
@@ -88,8 +143,8 @@ class WriteBehindWriter:
         done = self.flush(timeout) if self._thread is not None else not self._pending
         with self._cond:
             self._closed = True
+            self._hurry = True
             self._cond.notify_all()
-        self._hurry.set()
         return done
 
     @property
@@ -102,26 +157,48 @@ class WriteBehindWriter:
         )
         self._thread.start()
 
+    def _due(self) -> float:
+        """When the pending writes must be written: the earliest of their deadlines."""
+        due = self._oldest + self.flush_interval
+        for _record, arrived in self._open_claims.values():
+            due = min(due, arrived + self.claim_interval)
+        return due
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closed)
-                if self._closed and not self._pending:
-                    return
-            # Let writes that arrive meanwhile share this commit (flush() cuts it short).
-            self._hurry.wait(self.flush_interval)
-            self._hurry.clear()
+                while True:
+                    if self._closed and not self._pending:
+                        return
+                    if not self._pending:
+                        self._cond.wait()
+                        continue
+                    wait = self._due() - time.monotonic()
+                    if self._hurry or wait <= 0:
+                        break
+                    if self._takes_claims:
+                        # A claim submitted meanwhile does not wake this thread.
+                        wait = min(wait, self.claim_interval)
+                    self._cond.wait(wait)
+                self._hurry = False
             wait = self.health.seconds_until_retry()
             if wait > 0:
-                self._hurry.wait(wait)
+                with self._cond:
+                    self._hurry = False  # only a flush() asked from now on cuts the wait short
+                    self._cond.wait_for(lambda: self._hurry or self._closed, timeout=wait)
                 continue
             with self._cond:
                 batch = [self._pending.popleft() for _ in range(min(MAX_BATCH, len(self._pending)))]
+                for write in batch:
+                    self._forget(write)
+                # What is left is already late: write it next, at once.
+                self._oldest = -math.inf if self._pending else math.inf
                 self._in_flight = len(batch)
             applied = self._apply(batch)
             with self._cond:
                 if not applied:
                     self._pending.extendleft(reversed(batch))
+                    self._oldest = -math.inf
                 self._in_flight = 0
                 self._cond.notify_all()
 
@@ -147,6 +224,7 @@ class WriteBehindWriter:
                 self.health.record_failure(exc, "writing task records")
                 with self._cond:
                     self._pending.extendleft(reversed(batch[index:]))
+                    self._oldest = -math.inf
                 return True
             except (StoreError, Exception) as exc:
                 logger.error("celery-recovery: dropped an unwritable record %r: %s", write, exc)

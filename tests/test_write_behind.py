@@ -7,8 +7,11 @@ tests/test_store_outage.py with real workers and PostgreSQL.
 from __future__ import annotations
 
 import threading
+import time
 
 from celery_recovery.core.errors import StoreError, StoreUnavailableError
+from celery_recovery.core.records import Transition
+from celery_recovery.core.states import TaskState
 from celery_recovery.health import StoreHealth
 from celery_recovery.write_behind import WriteBehindWriter
 
@@ -23,7 +26,7 @@ class FakeStore:
     def apply_writes(self, writes):
         if self.down:
             raise StoreUnavailableError("down")
-        if any(item in self.poison for _, item in writes):
+        if self.poison and any(item in self.poison for _, item in writes):
             raise StoreError("bad row")
         with self.lock:
             self.applied.extend(writes)
@@ -77,3 +80,38 @@ def test_one_unwritable_row_does_not_block_the_others():
         writer.submit("queued", i)
     assert writer.flush(5)
     assert [item for _, item in store.applied] == [0, 1, 2, 4, 5]
+
+
+def _claim(task_id: str) -> dict:
+    return {"task_id": task_id, "try_number": 1, "state": TaskState.RUNNING}
+
+
+def _success(task_id: str) -> Transition:
+    return Transition(task_id, 1, (TaskState.RUNNING,), {"state": TaskState.SUCCESS})
+
+
+def test_a_claim_is_written_within_the_claim_interval_and_takes_waiting_writes_along():
+    store = FakeStore()
+    health = StoreHealth("fake")
+    writer = WriteBehindWriter(store, health, flush_interval=60, claim_interval=0.02)
+    writer.submit("queued", "published before")
+    writer.submit("running", _claim("t1"))
+    deadline = time.monotonic() + 5
+    while len(store.applied) < 2:
+        assert time.monotonic() < deadline, "the claim waited for the flush interval"
+        time.sleep(0.01)
+    assert [kind for kind, _ in store.applied] == ["queued", "running"]
+
+
+def test_an_outcome_is_folded_into_its_waiting_claim():
+    store = FakeStore()
+    health = StoreHealth("fake")
+    writer = WriteBehindWriter(store, health, flush_interval=60, claim_interval=60)
+    writer.submit("running", _claim("t1"))
+    writer.submit("transition", _success("t1"))
+    writer.submit("transition", _success("other"))  # its claim was written earlier
+    assert writer.flush(5)
+    assert store.applied == [
+        ("running", {**_claim("t1"), "state": TaskState.SUCCESS}),
+        ("transition", _success("other")),
+    ]

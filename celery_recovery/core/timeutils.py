@@ -10,6 +10,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def from_timestamp(value: float) -> datetime:
+    """A POSIX timestamp (as a message header carries it) as an aware UTC datetime."""
+    return datetime.fromtimestamp(value, UTC)
+
+
 def as_utc(value: datetime | str | None) -> datetime | None:
     """Parse an ISO string or normalise a datetime to aware UTC; ``None`` stays ``None``."""
     if value is None:

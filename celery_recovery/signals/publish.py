@@ -14,7 +14,7 @@ from celery.signals import after_task_publish, before_task_publish
 
 from celery_recovery.context import context_for_task_name
 from celery_recovery.core.records import WriteKind
-from celery_recovery.core.timeutils import utcnow
+from celery_recovery.core.timeutils import from_timestamp, utcnow
 from celery_recovery.messages import record_from_publish
 from celery_recovery.republish import PUBLISHED_AT_HEADER
 from celery_recovery.signals.guard import never_raises
@@ -36,10 +36,14 @@ def on_before_publish(
     _staged.record = None
     if not headers or context_for_task_name(str(sender)) is None:
         return
-    now = utcnow()
+    published = utcnow().timestamp()
     # Lets a worker tell an old message (maybe one the sweep replaced) from a fresh one
     # without asking the store on every task.
-    headers[PUBLISHED_AT_HEADER] = now.timestamp()
+    headers[PUBLISHED_AT_HEADER] = published
+    # The record's queued_at is the header's instant to the microsecond, as a worker that
+    # creates the try first also records it: the publisher's later update then leaves
+    # every indexed column as it was, so PostgreSQL can make it a HOT update.
+    now = from_timestamp(published)
     _staged.record = record_from_publish(
         headers, body, exchange, routing_key, declare, properties, now
     )

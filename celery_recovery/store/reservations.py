@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from celery_recovery.core.records import ReservedRow
 from celery_recovery.core.states import JobState, TaskState
+from celery_recovery.store.precompiled import PrecompiledBatch
 from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import jobs, reservations, same_try, task_records
 
@@ -29,13 +30,16 @@ class ReservationRepository(Repository):
         """Write ``(task_id, try_number, job_id, reserved_at)`` items in the caller's
         transaction (the write-behind batch's); a redelivery to another job moves the
         reservation there."""
-        stmt = self._statement("reserved", self._build_upsert_reservation)
+        batch = self._statement(
+            "reserved_batch",
+            lambda: PrecompiledBatch(self._build_upsert_reservation(), reservations),
+        )
         # One row per try: the last reception in the batch wins, as it would in order.
         rows = {
             (t, n): {"task_id": t, "try_number": n, "job_id": j, "reserved_at": at}
             for t, n, j, at in items
         }
-        conn.execute(stmt, list(rows.values()))
+        batch.execute(conn, list(rows.values()))
 
     def _build_upsert_reservation(self) -> Any:
         insert = self._insert(reservations)

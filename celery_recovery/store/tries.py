@@ -21,6 +21,7 @@ from celery_recovery.core.records import OutboxedTransition, Transition, TryRow,
 from celery_recovery.core.states import TaskState
 from celery_recovery.store.audit import append_decisions
 from celery_recovery.store.database import Database
+from celery_recovery.store.precompiled import PrecompiledBatch
 from celery_recovery.store.repository import rows_of
 from celery_recovery.store.reservations import ReservationRepository
 from celery_recovery.store.schema import callbacks, reservations, task_records
@@ -172,7 +173,10 @@ class TryRepository(TryRecovery):
                 appliers[kind](conn, items)
 
     def _insert_queued(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
-        conn.execute(self._statement("queued", self._build_insert_queued), _uniform(records))
+        batch = self._statement(
+            "queued_batch", lambda: PrecompiledBatch(self._build_insert_queued(), task_records)
+        )
+        batch.execute(conn, _uniform(records))
 
     def _build_insert_queued(self) -> Any:
         insert = self._insert(task_records)
@@ -191,8 +195,10 @@ class TryRepository(TryRecovery):
         return conn.execute(stmt, _uniform([_as_claim(record)])[0]).first() is not None
 
     def _upsert_running_many(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
-        stmt = self._statement("running_many", self._build_upsert_running)
-        conn.execute(stmt, _uniform([_as_claim(r) for r in records]))
+        batch = self._statement(
+            "running_batch", lambda: PrecompiledBatch(self._build_upsert_running(), task_records)
+        )
+        batch.execute(conn, _uniform([_as_claim(r) for r in records]))
 
     def _build_upsert_running(self) -> Any:
         insert = self._insert(task_records)
