@@ -46,7 +46,8 @@ def test_sigkilled_task_completes_on_another_worker_exactly_once(
 ):
     ledger = tmp_path / "ledger"
     doomed = start_worker(name="doomed", concurrency=1)
-    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 6))
+    # Long enough to be killed while it runs; short once recovered.
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 6, 0.1))
     first = running_try(store, result.id)
     start_worker(name="survivor", concurrency=1)
     doomed.kill()
@@ -195,6 +196,8 @@ def test_a_killed_pool_process_requeued_by_its_worker_runs_again_at_once(
     worker = start_worker(concurrency=1, env=env)
     result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 2))
     running_try(store, result.id)
+    # The try is recorded running just before its body writes 'start': kill it after.
+    wait_for(lambda: count(ledger, "start"), 10, what="the first run to start")
     [child] = worker.child_pids()
     os.kill(child, signal.SIGKILL)
     # Dropped as stale, it would be adopted by the sweep and rerun only after
