@@ -201,7 +201,7 @@ def test_a_killed_pool_process_requeued_by_its_worker_runs_again_at_once(
     [child] = worker.child_pids()
     os.kill(child, signal.SIGKILL)
     # Dropped as stale, it would be adopted by the sweep and rerun only after
-    # zombie_threshold + adoption_timeout (13 s here).
+    # zombie_threshold + adoption_timeout (12 s here).
     assert result.get(timeout=FAST_SETTINGS["adoption_timeout"]) == 2
     assert count(ledger, "start") == 2 and count(ledger, "done") == 1
     assert "dropping stale delivery" not in worker.log
