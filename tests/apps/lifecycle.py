@@ -115,10 +115,15 @@ def _register_tasks(app: Celery) -> None:
         return seconds
 
     @app.task(shared=False, name="lifecycle.ledger_sleep", bind=True, max_retries=3)
-    def ledger_sleep(self, ledger, seconds):
-        """Writes 'start' and 'done' lines to a file, so tests can count real runs."""
+    def ledger_sleep(self, ledger, seconds, retried_seconds=None):
+        """Writes 'start' and 'done' lines to a file, so tests can count real runs.
+
+        With ``retried_seconds``, a try published again (``retries`` > 0) sleeps that
+        long instead: a test that kills the first try need not wait as long for the next.
+        """
         _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
-        time.sleep(seconds)
+        retried = retried_seconds is not None and self.request.retries > 0
+        time.sleep(retried_seconds if retried else seconds)
         _append(ledger, f"done try={self.request.retries + 1} pid={os.getpid()}")
         return seconds
 

@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.celery_suite.compare import compare
-from tests.services import REDIS_URL, require
+from tests.services import BACKEND_DB, BROKER_DB, REDIS_URL, require
 
 pytestmark = pytest.mark.slow
 
-#: Redis database Celery's suite uses as broker and result backend (flushed by each run).
-SUITE_REDIS_DB = int(os.environ.get("RECOVERY_TEST_CELERY_SUITE_DB", "15"))
+#: Redis databases Celery's suite uses as broker and result backend, one per run (each
+#: flushed by its run): by default the session's own two, which no other test uses
+#: while this one runs.
+SUITE_REDIS_DB = int(os.environ.get("RECOVERY_TEST_CELERY_SUITE_DB", str(BROKER_DB)))
+SUITE_PARALLEL_DB = int(os.environ.get("RECOVERY_TEST_CELERY_SUITE_PARALLEL_DB", str(BACKEND_DB)))
 
 CI_SELECTION = [
     f"t/integration/{test}"
@@ -45,7 +48,16 @@ def test_celery_integration_subset_passes_with_recovery_installed():
     require("Redis", REDIS_URL, 6379)
     cache = Path(os.environ.get("RECOVERY_TEST_CACHE", Path.home() / ".cache" / "celery-recovery"))
 
-    result = compare([], CI_SELECTION, "sqlite", SUITE_REDIS_DB, timeout=140, cache=cache)
+    # Both runs at once, each on its own database: the suite mostly waits on its worker.
+    result = compare(
+        [],
+        CI_SELECTION,
+        "sqlite",
+        SUITE_REDIS_DB,
+        timeout=140,
+        cache=cache,
+        parallel_db=SUITE_PARALLEL_DB,
+    )
 
     assert not result["without"]["timed_out"] and not result["with"]["timed_out"], result
     assert result["without"].get("passed", 0) >= len(CI_SELECTION) - 2, result

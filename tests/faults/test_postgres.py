@@ -62,7 +62,7 @@ def test_store_fault_mid_run_loses_nothing_and_recovery_resumes(
 
     # Recovery resumed: a worker SIGKILLed now is still found and its task recovered.
     ledger = tmp_path / "ledger"
-    result = client.send_task("lifecycle.ledger_sleep", (str(ledger), 4))
+    result = client.send_task("lifecycle.ledger_sleep", (str(ledger), 4, 0.1))
     doomed = worker_running(store, result.id, workers)
     doomed.kill()
     killed = time.monotonic()

@@ -25,7 +25,7 @@ def test_beat_scheduled_sweep_recovers_a_killed_worker(
     ledger = tmp_path / "ledger"
     start_beat()
     doomed = start_worker(name="doomed", concurrency=1)
-    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 5))
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 5, 0.1))
     running_try(store, result.id)
     start_worker(name="survivor", concurrency=1)
     doomed.kill()

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
 #: Seconds from publishing the countdown task to its ETA: past the time the sweep
-#: publishes it again, so the new message must still wait for it.
-COUNTDOWN = 14.0
+#: publishes it again (at most ZOMBIE + 3 * SWEEP + 4 after the kill, a few seconds
+#: after the publish), so the new message must still wait for it.
+COUNTDOWN = 13.0
 #: Redis restores the dead worker's originals this long after it took them (the
 #: PostgreSQL case): they must be dropped, not run a second time.
 VISIBILITY = 9.0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
 import pytest
+import redis
 
 from celery_recovery import JobState, TaskState
 from celery_recovery.recovery import recovery_for_app
@@ -44,7 +46,8 @@ def test_sigkilled_task_completes_on_another_worker_exactly_once(
 ):
     ledger = tmp_path / "ledger"
     doomed = start_worker(name="doomed", concurrency=1)
-    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 6))
+    # Long enough to be killed while it runs; short once recovered.
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 6, 0.1))
     first = running_try(store, result.id)
     start_worker(name="survivor", concurrency=1)
     doomed.kill()
@@ -113,11 +116,30 @@ def _pid():
     return os.getpid()
 
 
+def _redis_holds_a_copy(app, queue: str) -> bool:
+    """A message for ``queue`` waits in it, or is delivered but unacknowledged (kombu keeps
+    those in the ``unacked`` hash as ``[message, exchange, routing_key]`` and restores them
+    to the queue after the visibility timeout)."""
+    client = redis.Redis.from_url(app.conf.broker_url)
+    if client.llen(queue):
+        return True
+    return any(json.loads(held)[2] == queue for held in client.hvals("unacked"))
+
+
+def _unfinished_tries(store, task_id: str) -> list:
+    """Tries a sweep could still act on (queued or running)."""
+    return [
+        t
+        for t in store.tries.history(task_id)
+        if t["state"] in (TaskState.QUEUED, TaskState.RUNNING)
+    ]
+
+
 # Redis's visibility-timeout restore, on one store (the behaviour does not depend
 # on it); RabbitMQ's immediate requeue is tested in test_redelivery_owner.py.
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 def test_redelivered_original_of_a_recovered_try_does_not_run_again(
-    client_app, store, start_worker, tmp_path, broker
+    client_app, store, start_worker, tmp_path, broker, queue
 ):
     # acks_late: Redis restores the killed worker's message after the visibility
     # timeout, while the sweep may already have published try 2; RabbitMQ requeues
@@ -133,12 +155,25 @@ def test_redelivered_original_of_a_recovered_try_does_not_run_again(
     doomed.kill()
 
     sweep_until(client_app, result.ready, ZOMBIE + SWEEP + 30, "the recovered task")
-    # Watch well past the visibility timeout: restored copies must not run again.
+    # Watch until Redis holds no copy of the message any more, neither queued nor
+    # unacknowledged (the killed worker's original, and try 2's own message once it
+    # ran past the visibility timeout, are restored and delivered again): every
+    # restored copy must have been delivered and must not have run again.
     # (RabbitMQ has no such timeout: its one redelivery came when the worker died.)
-    watch_until = time.monotonic() + (visibility * 4 if broker == "redis" else 2)
-    while time.monotonic() < watch_until:
+    quiet_since: float | None = None
+    deadline = time.monotonic() + visibility * 4 + 30
+    while True:
         assert count(ledger, "done") == 1, ledger_lines(ledger)
         recovery_for_app(client_app).sweep()
+        now = time.monotonic()
+        quiet = broker != "redis" or not (
+            _redis_holds_a_copy(client_app, queue) or _unfinished_tries(store, result.id)
+        )
+        quiet_since = (quiet_since or now) if quiet else None
+        # Quiet for a while: no message was between the queue and the unacked hash.
+        if quiet_since is not None and now - quiet_since >= 2:
+            break
+        assert now < deadline, f"a copy still held: {ledger_lines(ledger)}"
         time.sleep(0.5)
     tries = [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
     assert tries in (
@@ -161,10 +196,12 @@ def test_a_killed_pool_process_requeued_by_its_worker_runs_again_at_once(
     worker = start_worker(concurrency=1, env=env)
     result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 2))
     running_try(store, result.id)
+    # The try is recorded running just before its body writes 'start': kill it after.
+    wait_for(lambda: count(ledger, "start"), 10, what="the first run to start")
     [child] = worker.child_pids()
     os.kill(child, signal.SIGKILL)
     # Dropped as stale, it would be adopted by the sweep and rerun only after
-    # zombie_threshold + adoption_timeout (13 s here).
+    # zombie_threshold + adoption_timeout (12 s here).
     assert result.get(timeout=FAST_SETTINGS["adoption_timeout"]) == 2
     assert count(ledger, "start") == 2 and count(ledger, "done") == 1
     assert "dropping stale delivery" not in worker.log

@@ -43,7 +43,7 @@ def test_a_killed_workers_task_is_told_in_the_console(
     require_browser()
     # Given a worker running a task, and a second one to take over
     doomed = start_worker(name="doomed", concurrency=1)
-    result = client_app.send_task("lifecycle.ledger_sleep", (str(tmp_path / "ledger"), 4))
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(tmp_path / "ledger"), 4, 0.1))
     first = running_try(store, result.id)
     dead = store.jobs.get_job(first["job_id"])
     start_worker(name="survivor", concurrency=1)
