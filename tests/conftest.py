@@ -15,6 +15,7 @@ import pytest
 from kombu import Connection
 from sqlalchemy import create_engine, text
 
+from celery_recovery.context import installed
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store import Store
 from celery_recovery.store.schema import metadata
@@ -47,6 +48,21 @@ def _clean_environment() -> Iterator[None]:
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("CELERY_RECOVERY_")}
     yield
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _no_installation_outlives_its_test() -> Iterator[None]:
+    """Close what a test installed and left open.
+
+    Publish signals do not say which app sent them, so with one installation in
+    the process every publish is taken for it: one left over from an earlier test
+    would stamp a later test's plain publishes.
+    """
+    before = set(map(id, installed()))
+    yield
+    for context in installed():
+        if id(context) not in before and (left := recovery_for_app(context.app)) is not None:
+            left.close()
 
 
 @pytest.fixture(scope="session")

@@ -30,10 +30,15 @@ def test_demo_recovers_the_killed_task_and_exits_zero():
     command = next(line for line in done.stdout.splitlines() if line.strip().endswith(" web"))
     url = command.split("--database-url", 1)[1].split()[0]
     lines = done.stdout.splitlines()
-    killed = next(line.split()[0] for line in lines if "1:up_for_retry -> 2:success" in line)
+    killed = next(line for line in lines if "SIGKILL worker" in line).split()[-1]
+    marked = next(line.split()[0] for line in lines if line.rstrip().endswith("<- killed"))
+    assert marked == killed
     with console_client(url) as client:
         rows = client.get("/api/recoveries", params={"action": "republished"}).json()["rows"]
-    assert [(r["task_id"], r["try_number"], r["reason"]) for r in rows] == [
-        (killed, 1, "worker_lost")
-    ]
-    assert rows[0]["pid"] and rows[0]["hostname"]
+    recovered = {r["task_id"]: r for r in rows}
+    assert (recovered[killed]["try_number"], recovered[killed]["reason"]) == (1, "worker_lost")
+    assert recovered[killed]["pid"] and recovered[killed]["hostname"]
+    # Under load the killed worker may also have taken the next message before its
+    # reception was recorded: that one is recovered too, as a lost message.
+    others = [(r["try_number"], r["reason"]) for r in rows if r["task_id"] != killed]
+    assert set(others) <= {(1, "message_lost")}, rows
