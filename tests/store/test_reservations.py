@@ -150,25 +150,28 @@ def test_a_try_held_by_a_live_worker_is_never_lost_one_held_by_a_dead_one_is(sto
     assert lost == {"held-by-stale", "held-by-nobody"}
 
 
+def started_and_waiting_in_live_worker(store, started: str, waiting: str):
+    """Two tries a live worker received; it started the first.  The time it did."""
+    add_job(store, "live", 0.0)
+    queue_try(store, started)
+    queue_try(store, waiting)
+    now = utcnow()
+    store.tries.apply_writes(
+        [("reserved", (started, 1, "live", now)), ("reserved", (waiting, 1, "live", now))]
+    )
+    claim = {"task_id": started, "try_number": 1, "task_name": "lifecycle.add"}
+    assert store.tries.mark_running(
+        {**claim, "state": "running", "job_id": "live", "updated_at": now}
+    )
+    return now
+
+
 def test_a_try_sent_back_to_the_queue_is_no_longer_held_by_its_live_reserver(store):
     # A live worker reserved the message, started it, then handed it back (a postponed
     # duplicate of a held idempotency key, or Reject(requeue=True)).  Whoever receives
     # the new message may die before recording it: the lost-message sweep must then
     # find the try, not take it for one the first worker still holds.
-    add_job(store, "live", 0.0)
-    queue_try(store, "postponed")
-    queue_try(store, "prefetched")
-    now = utcnow()
-    store.tries.apply_writes(
-        [
-            ("reserved", ("postponed", 1, "live", now)),
-            ("reserved", ("prefetched", 1, "live", now)),
-        ]
-    )
-    claim = {"task_id": "postponed", "try_number": 1, "task_name": "lifecycle.add"}
-    assert store.tries.mark_running(
-        {**claim, "state": "running", "job_id": "live", "updated_at": now}
-    )
+    now = started_and_waiting_in_live_worker(store, "postponed", "prefetched")
     assert store.tries.transition(
         "postponed", 1, TaskState.RUNNING, TaskState.QUEUED, queued_at=now, updated_at=now
     )
@@ -180,20 +183,7 @@ def test_a_try_sent_back_to_the_queue_is_no_longer_held_by_its_live_reserver(sto
 
 
 def test_a_batched_requeue_drops_the_reservation_only_when_it_wins(store):
-    add_job(store, "live", 0.0)
-    queue_try(store, "requeued")
-    queue_try(store, "still-queued")
-    now = utcnow()
-    store.tries.apply_writes(
-        [
-            ("reserved", ("requeued", 1, "live", now)),
-            ("reserved", ("still-queued", 1, "live", now)),
-        ]
-    )
-    claim = {"task_id": "requeued", "try_number": 1, "task_name": "lifecycle.add"}
-    assert store.tries.mark_running(
-        {**claim, "state": "running", "job_id": "live", "updated_at": now}
-    )
+    now = started_and_waiting_in_live_worker(store, "requeued", "still-queued")
     back = {"state": TaskState.QUEUED, "queued_at": now, "updated_at": now}
     store.tries.apply_writes(
         [
