@@ -1,9 +1,10 @@
 """Throughput of plain Celery against Celery with celery-recovery, and what it costs.
 
 The same N no-op tasks go through one prefork worker (concurrency 2, Redis
-broker and result backend), in alternating rounds: plain, PostgreSQL store,
-SQLite store, plain, ...  Each round's rate is tasks / (last result - first
-publish), the publisher included (its queued records are part of the cost).
+broker and result backend), in alternating rounds whose order rotates: plain,
+PostgreSQL, SQLite; then PostgreSQL, SQLite, plain; ...  Each round's rate is
+tasks / (last result - first publish), the publisher included (its queued
+records are part of the cost).
 
 Wall-clock rates depend on whatever else the machine runs, so each round also
 reports load-independent figures: CPU per task of the worker's processes (and
@@ -344,10 +345,14 @@ def main() -> None:
     if "sqlite" in stores:
         urls["sqlite"] = create_sqlite_store(scratch.name)
     rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
+    kinds = list(urls)
     try:
-        for _ in range(args.rounds):
-            for kind, url in urls.items():
-                rounds[kind].append(run_round(kind, args.tasks, url))
+        for index in range(args.rounds):
+            # Rotated, so that no variant always runs first or last in a cycle (a machine
+            # whose speed drifts would otherwise favour one).
+            order = kinds[index % len(kinds) :] + kinds[: index % len(kinds)]
+            for kind in order:
+                rounds[kind].append(run_round(kind, args.tasks, urls[kind]))
     finally:
         if name is not None:
             drop_database(name)
@@ -366,7 +371,7 @@ def main() -> None:
             "load_1min": [r["load_1min"] for r in runs],
         }
         if kind != "plain":
-            # Ratio of each round to the plain round just before it, then the median.
+            # Ratio of each round to the plain round of the same cycle, then the median.
             ratios = [r / p["rate"] for r, p in zip(rates, rounds["plain"], strict=True)]
             summary["ratio"] = round(statistics.median(ratios), 3)
             summary["ratio_of_medians"] = round(statistics.median(rates) / plain_rate, 3)

@@ -169,6 +169,56 @@ def record_from_request(task: Any, now: datetime, job_id: str | None) -> dict[st
     return record
 
 
+#: Why a try created by a worker's narrow claim cannot be published again (until the
+#: publisher's record, which carries the message, reaches the store).
+AWAITING_PUBLISHER = (
+    "cannot be published again: the publisher's record of its message has not reached the store"
+)
+
+
+#: Seconds after its publish from which a delivery's claim leaves the message out.
+#: A publisher's record waits up to its writer's flush interval (0.15 s) before it
+#: is committed, and a worker that publishes tasks (a chord body, a chain's next
+#: step) and runs them may die with that record still in its buffer: a claim made
+#: sooner carries the message, so the try stays publishable again.
+NARROW_CLAIM_AFTER = 1.0
+
+
+def claim_from_request(
+    task: Any, now: datetime, job_id: str | None, request: Any = None
+) -> dict[str, Any]:
+    """The ``running`` claim of a request a worker is about to execute.
+
+    A message stamped with our published-at header has a publisher that records
+    it (see :mod:`celery_recovery.signals.publish`); once it is older than
+    :data:`NARROW_CLAIM_AFTER` that record has been committed (unless its
+    publisher died or the store is failing), so the claim carries only what
+    the worker knows: the message is sent to the store once, by its publisher.
+    A narrow claim that still finds no try creates it without its message, not
+    publishable again until the publisher's record lands.  A fresher or
+    unstamped message (a publisher without celery-recovery) is claimed with the
+    whole message.  ``request`` is
+    ``task.request``, when the caller has it.
+    """
+    if request is None:
+        request = task.request
+    published = getattr(request, _PUBLISHED_AT, None)
+    if not isinstance(published, int | float) or now.timestamp() - published < NARROW_CLAIM_AFTER:
+        return record_from_request(task, now, job_id)
+    record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
+    record.update(
+        job_id=job_id,
+        worker_hostname=request.hostname,
+        worker_pid=os.getpid(),
+        started_at=now,
+        # The publisher's queued_at, to the microsecond (see record_from_request).
+        queued_at=from_timestamp(published),
+        republishable=False,
+        republish_error=AWAITING_PUBLISHER,
+    )
+    return record
+
+
 def try_number_of(request: Any) -> int:
     """Celery's ``retries`` counter as our 1-based try number."""
     return int(getattr(request, "retries", 0) or 0) + 1

@@ -90,10 +90,14 @@ def skip_redundant_deliveries(context: RecoveryContext) -> None:
         app.on_after_finalize.connect(on_every_task, weak=False)
 
 
-def drop_if_redundant(context: RecoveryContext, task: Any, task_id: str) -> bool:
+def drop_if_redundant(
+    context: RecoveryContext, task: Any, task_id: str, request: Any = None
+) -> bool:
     """At ``task_prerun``: True (and the body will be skipped) for a redundant delivery;
-    a delivery that may be redundant and is not is claimed."""
-    request = task.request
+    a delivery that may be redundant and is not is claimed.  ``request`` is
+    ``task.request``, when the caller has it."""
+    if request is None:
+        request = task.request
     if not _may_be_redundant(request, context.settings):
         return False
     try_number = try_number_of(request)

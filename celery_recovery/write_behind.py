@@ -15,6 +15,12 @@ wait :data:`FLUSH_INTERVAL`, so that batches grow and commits get rarer.  An
 outcome that finds its try's claim still waiting here is folded into it (one
 row write, and the claim is no longer urgent), as :func:`celery_recovery.store.tries._coalesce`
 would do at write time.
+
+A write may be conditional (:meth:`WriteBehindWriter.submit_unless`): it is
+dropped if, when its batch is taken, what it records has been superseded.  A
+worker's main process records the messages it holds that way: most are
+handed to a pool process within milliseconds, whose claim then says more, so
+only those still waiting when the batch is written cost a row.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
@@ -46,6 +52,16 @@ MAX_PENDING = 10_000
 
 Write = tuple[WriteKind, Any]
 _RUNNING_ONLY = (TaskState.RUNNING,)
+
+
+class _Conditional:
+    """A pending write that is dropped if ``superseded()`` is true when its batch is taken."""
+
+    __slots__ = ("item", "superseded")
+
+    def __init__(self, item: Any, superseded: Callable[[], bool]) -> None:
+        self.item = item
+        self.superseded = superseded
 
 
 class BatchTarget(Protocol):
@@ -72,7 +88,7 @@ class WriteBehindWriter:
         self.claim_interval = claim_interval
         self.max_pending = max_pending
         self._pending: deque[Write] = deque()
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
         self._in_flight = 0
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -113,6 +129,21 @@ class WriteBehindWriter:
                 self._start()
         if overflow > 0:
             self.health.record_dropped(overflow, self.max_pending)
+
+    def finish(self, task_id: str, try_number: int, values: dict[str, Any]) -> None:
+        """Queue a running try's outcome: folded into its claim while that still waits
+        here (the usual case for a short task), else a compare-and-set from ``running``."""
+        with self._cond:
+            open_claim = self._open_claims.pop((task_id, try_number), None)
+            if open_claim is not None:
+                open_claim[0].update(values)
+                return
+        self.submit(WriteKind.TRANSITION, Transition(task_id, try_number, _RUNNING_ONLY, values))
+
+    def submit_unless(self, kind: WriteKind, item: Any, superseded: Callable[[], bool]) -> None:
+        """Queue one write that is not made if ``superseded()`` is true (asked in the
+        flusher thread) when its batch is taken."""
+        self.submit(kind, _Conditional(item, superseded))
 
     def _fold_outcome(self, change: Transition) -> bool:
         """Fold an outcome into its try's claim when that claim still waits here."""
@@ -191,6 +222,7 @@ class WriteBehindWriter:
                 batch = [self._pending.popleft() for _ in range(min(MAX_BATCH, len(self._pending)))]
                 for write in batch:
                     self._forget(write)
+                batch = _without_superseded(batch)
                 # What is left is already late: write it next, at once.
                 self._oldest = -math.inf if self._pending else math.inf
                 self._in_flight = len(batch)
@@ -204,6 +236,8 @@ class WriteBehindWriter:
 
     def _apply(self, batch: Sequence[Write]) -> bool:
         """Apply a batch; False when it must be retried later (the store is down)."""
+        if not batch:
+            return True
         try:
             self.tries.apply_writes(batch)
         except (StoreUnavailableError, StoreSchemaError) as exc:
@@ -231,3 +265,18 @@ class WriteBehindWriter:
             else:
                 self.health.record_success()
         return True
+
+
+def _without_superseded(batch: list[Write]) -> list[Write]:
+    """The batch with its conditional writes resolved: made, or dropped if superseded."""
+    kept: list[Write] = []
+    for kind, item in batch:
+        if isinstance(item, _Conditional):
+            try:
+                if item.superseded():
+                    continue
+            except Exception:  # a failing check keeps the write
+                logger.debug("celery-recovery: supersession check failed", exc_info=True)
+            item = item.item
+        kept.append((kind, item))
+    return kept

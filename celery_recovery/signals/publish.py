@@ -37,16 +37,19 @@ def on_before_publish(
     if not headers or context_for_task_name(str(sender)) is None:
         return
     published = utcnow().timestamp()
-    # Lets a worker tell an old message (maybe one the sweep replaced) from a fresh one
-    # without asking the store on every task.
-    headers[PUBLISHED_AT_HEADER] = published
     # The record's queued_at is the header's instant to the microsecond, as a worker that
     # creates the try first also records it: the publisher's later update then leaves
     # every indexed column as it was, so PostgreSQL can make it a HOT update.
-    now = from_timestamp(published)
-    _staged.record = record_from_publish(
-        headers, body, exchange, routing_key, declare, properties, now
+    record = record_from_publish(
+        headers, body, exchange, routing_key, declare, properties, from_timestamp(published)
     )
+    if record is None:
+        return  # not a message we can record (protocol 1): no stamp either
+    # Lets a worker tell an old message (maybe one the sweep replaced) from a fresh one
+    # without asking the store on every task, and tells it that this publisher records
+    # the message, so its claim need not send the message again.
+    headers[PUBLISHED_AT_HEADER] = published
+    _staged.record = record
 
 
 @never_raises

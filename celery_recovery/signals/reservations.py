@@ -55,7 +55,13 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     details = request.request_dict
     details[RESERVED_AT_HEADER] = time.time()
     try_number = int(details.get("retries") or 0) + 1
-    runtime.write(WriteKind.RESERVED, (request.id, try_number, job_id, utcnow()))
+    # A message a pool process has started by the time the batch is written is
+    # covered by that process's claim: its reservation would be a row for nothing.
+    runtime.writer.submit_unless(
+        WriteKind.RESERVED,
+        (request.id, try_number, job_id, utcnow()),
+        lambda: request.time_start is not None,
+    )
 
 
 class ForgetReservationsOnReconnect(bootsteps.StartStopStep):

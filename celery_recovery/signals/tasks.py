@@ -33,7 +33,7 @@ from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import was_deferred
-from celery_recovery.messages import record_from_request, try_number_of
+from celery_recovery.messages import claim_from_request, try_number_of
 from celery_recovery.postpone import was_postponed
 from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.signals.guard import never_raises
@@ -62,9 +62,12 @@ _aside = threading.local()
 
 
 def _context_of(task: Any) -> Any:
-    if task is None or getattr(task.request, "is_eager", False):
+    if task is None:
         return None
-    return context_for_app(task.app)
+    context = context_for_app(task.app)
+    if context is None or getattr(task.request, "is_eager", False):
+        return None
+    return context
 
 
 def _describe(exc: BaseException | None) -> str | None:
@@ -75,13 +78,16 @@ def _describe(exc: BaseException | None) -> str | None:
 
 @never_raises
 def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
+    # Runs before every task body: each lookup here is paid per task (see
+    # benchmarks/throughput.py), so the request is read once and passed along.
     context = _context_of(task)
     if context is None or task_id is None:
         return
-    if drop_if_redundant(context, task, task_id):
+    request = task.request
+    if drop_if_redundant(context, task, task_id, request):
         return  # dropped: its before_start raises Ignore, and nothing is recorded
     runtime = context.runtime
-    record = record_from_request(task, utcnow(), runtime.job_id)
+    record = claim_from_request(task, utcnow(), runtime.job_id, request)
     if task.acks_late:
         # Its message comes back when this process dies: count the deaths.
         if claim_counting_deaths(context, task, record):
@@ -176,14 +182,13 @@ def on_postrun(
     if reason is not None:
         values["state_reason"] = reason
     try_number = try_number_of(task.request)
-    context.runtime.write(
-        WriteKind.TRANSITION, Transition(task_id, try_number, (TaskState.RUNNING,), values)
-    )
+    runtime = context.runtime
+    runtime.writer.finish(task_id, try_number, values)
     started = _started_at().pop(task_id, None)
     if started is not None and time.monotonic() - started >= context.settings.zombie_threshold:
         # Long enough to have been declared dead meanwhile (a pause, a partition): if a
         # sweep recovered this try, keep what it finally did beside the recovery.
-        context.runtime.write(WriteKind.LATE, (task_id, try_number, new.value, now))
+        runtime.write(WriteKind.LATE, (task_id, try_number, new.value, now))
 
 
 def _requeued(context: Any, task: Any, task_id: str) -> None:

@@ -13,6 +13,7 @@ translation.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Table
@@ -34,29 +35,43 @@ class _Shape:
         }
         self.positional = bool(compiled.positional)
         names = tuple(compiled.positiontup or ()) if self.positional else tuple(compiled.params)
-        # Each parameter is a row's value (by key, through its processor) or a constant.
-        self.plan = tuple(
-            (name, processors.get(name), name in constants, constants.get(name)) for name in names
-        )
         self.names = names
+        # Per row: one C-level lookup of its values in order, then the few processors
+        # (datetimes, JSON) where a value is set; constants (the statement's own literal
+        # states) come from a template.
+        slots = [i for i, name in enumerate(names) if name not in constants]
+        self._slots = tuple(slots)
+        self._getter = itemgetter(*(names[i] for i in slots)) if slots else None
+        self._template = tuple(constants.get(name) for name in names)
+        self._processors = tuple(
+            (i, process) for i in slots if (process := processors.get(names[i])) is not None
+        )
 
     def rows(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
         out: list[Any] = []
-        plan = self.plan
+        getter, slots, processors = self._getter, self._slots, self._processors
+        only_values = len(slots) == len(self._template)
         for row in rows:
-            values = [
-                constant if is_constant else _bound(row[name], process)
-                for name, process, is_constant, constant in plan
-            ]
+            if getter is None:
+                values = list(self._template)
+            else:
+                found = getter(row)
+                if len(slots) == 1:
+                    found = (found,)
+                if only_values:
+                    values = list(found)
+                else:
+                    values = list(self._template)
+                    for i, value in zip(slots, found, strict=True):
+                        values[i] = value
+            for i, process in processors:
+                if values[i] is not None:
+                    values[i] = process(values[i])
             if self.positional:
                 out.append(tuple(values))
             else:
                 out.append(dict(zip(self.names, values, strict=True)))
         return out
-
-
-def _bound(value: Any, process: _Processor) -> Any:
-    return value if process is None or value is None else process(value)
 
 
 class PrecompiledBatch:

@@ -96,9 +96,10 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_bind_param(self, value: Any, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        if value.tzinfo is None:
-            raise ValueError(f"naive datetime {value!r} given to the store; use aware UTC")
-        value = value.astimezone(UTC)
+        if value.tzinfo is not UTC:
+            if value.tzinfo is None:
+                raise ValueError(f"naive datetime {value!r} given to the store; use aware UTC")
+            value = value.astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: Any, dialect: Any) -> datetime | None:

@@ -13,6 +13,7 @@ from sqlalchemy import inspect
 from celery_recovery import JobState, JobType, TaskState
 from celery_recovery.core.records import Transition
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.messages import AWAITING_PUBLISHER
 from celery_recovery.store import Store
 from celery_recovery.store.migrate import VERSION_TABLE, current_revision, head_revision
 from celery_recovery.store.schema import metadata
@@ -118,6 +119,32 @@ def test_publisher_record_after_worker_claim_keeps_running_state(store):
     assert row["state"] == TaskState.RUNNING and row["job_id"] == "job-a"
     assert row["queued_at"] is not None and row["args"] == [1, 2]
     assert row["headers"] == {"root_id": "r"}
+
+
+def test_a_narrow_claim_landing_first_is_not_publishable_until_the_publisher_record_lands(store):
+    """A worker whose message its publisher records claims without the message (it is
+    sent to the store once); until the publisher's record lands, a sweep must not
+    publish the try again from a row without arguments."""
+    assert store.tries.mark_running(
+        running(args=None, republishable=False, republish_error=AWAITING_PUBLISHER)
+    )
+    (row,) = store.tries.history("t1")
+    assert row["args"] is None and not row["republishable"]
+    assert row["republish_error"] == AWAITING_PUBLISHER
+    store.tries.apply_writes([("queued", queued(republishable=True, republish_error=None))])
+    (row,) = store.tries.history("t1")
+    assert row["state"] == TaskState.RUNNING and row["job_id"] == "job-a"
+    assert row["args"] == [1, 2] and row["republishable"] and row["republish_error"] is None
+
+
+def test_a_narrow_claim_after_the_publisher_record_keeps_the_message(store):
+    store.tries.apply_writes([("queued", queued(republishable=True, republish_error=None))])
+    store.tries.apply_writes(
+        [("running", running(republishable=False, republish_error=AWAITING_PUBLISHER))]
+    )
+    (row,) = store.tries.history("t1")
+    assert row["state"] == TaskState.RUNNING
+    assert row["args"] == [1, 2] and row["republishable"] and row["republish_error"] is None
 
 
 def test_claim_is_refused_for_a_finished_try(store):

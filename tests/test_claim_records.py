@@ -1,0 +1,63 @@
+"""What a worker's claim carries: the message only when its publisher's record may be missing.
+
+Pure logic of :func:`celery_recovery.messages.claim_from_request`; the store side
+(a narrow claim landing before or after the publisher's row) is in
+tests/store/test_store.py, and the canvas kill tests exercise a worker that
+publishes a chord body and dies with it running.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from celery_recovery.core.states import TaskState
+from celery_recovery.core.timeutils import utcnow
+from celery_recovery.messages import AWAITING_PUBLISHER, NARROW_CLAIM_AFTER, claim_from_request
+
+
+def _task(published_at: float | None):
+    request = SimpleNamespace(
+        id="t1",
+        retries=0,
+        args=[1, 2],
+        kwargs={"k": "v"},
+        callbacks=None,
+        errbacks=None,
+        chain=None,
+        chord=None,
+        root_id="t1",
+        parent_id=None,
+        group=None,
+        group_index=None,
+        shadow=None,
+        origin="gen@host",
+        delivery_info={"exchange": "", "routing_key": "celery", "priority": 0},
+        eta=None,
+        expires=None,
+        hostname="celery@host",
+    )
+    if published_at is not None:
+        request.recovery_published_at = published_at
+    return SimpleNamespace(name="proj.add", request=request)
+
+
+def test_a_delivery_older_than_the_publishers_flush_is_claimed_without_its_message():
+    task = _task(time.time() - NARROW_CLAIM_AFTER - 1)
+    record = claim_from_request(task, utcnow(), "job-a")
+    assert record["state"] == TaskState.RUNNING and record["job_id"] == "job-a"
+    assert "args" not in record and "kwargs" not in record and "headers" not in record
+    # Should the claim create the try, it must not be published again from nothing.
+    assert record["republishable"] is False and record["republish_error"] == AWAITING_PUBLISHER
+    assert abs(record["queued_at"].timestamp() - task.request.recovery_published_at) < 1e-5
+
+
+def test_a_fresh_delivery_carries_its_message_as_its_publisher_may_not_have_written_it():
+    record = claim_from_request(_task(time.time()), utcnow(), "job-a")
+    assert record["args"] == "[1, 2]" and record["kwargs"] == '{"k": "v"}'
+    assert record["republishable"] is True
+
+
+def test_a_message_from_a_publisher_without_celery_recovery_carries_its_message():
+    record = claim_from_request(_task(None), utcnow(), "job-a")
+    assert record["args"] == "[1, 2]" and record["republishable"] is True
