@@ -197,8 +197,9 @@ def claim_from_request(
     A narrow claim that still finds no try creates it without its message, not
     publishable again until the publisher's record lands.  A fresher or
     unstamped message (a publisher without celery-recovery) is claimed with the
-    whole message.  ``request`` is
-    ``task.request``, when the caller has it.
+    whole message.
+
+    ``request`` is ``task.request``, passed by a caller that already read it.
     """
     if request is None:
         request = task.request

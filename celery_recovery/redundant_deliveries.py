@@ -94,8 +94,10 @@ def drop_if_redundant(
     context: RecoveryContext, task: Any, task_id: str, request: Any = None
 ) -> bool:
     """At ``task_prerun``: True (and the body will be skipped) for a redundant delivery;
-    a delivery that may be redundant and is not is claimed.  ``request`` is
-    ``task.request``, when the caller has it."""
+    a delivery that may be redundant and is not is claimed.
+
+    ``request`` is ``task.request``, passed by a caller that already read it.
+    """
     if request is None:
         request = task.request
     if not _may_be_redundant(request, context.settings):

@@ -134,9 +134,7 @@ class WriteBehindWriter:
         """Queue a running try's outcome: folded into its claim while that still waits
         here (the usual case for a short task), else a compare-and-set from ``running``."""
         with self._cond:
-            open_claim = self._open_claims.pop((task_id, try_number), None)
-            if open_claim is not None:
-                open_claim[0].update(values)
+            if self._fold(task_id, try_number, values):
                 return
         self.submit(WriteKind.TRANSITION, Transition(task_id, try_number, _RUNNING_ONLY, values))
 
@@ -149,10 +147,14 @@ class WriteBehindWriter:
         """Fold an outcome into its try's claim when that claim still waits here."""
         if change.expected != _RUNNING_ONLY or change.try_number is None:
             return False
-        open_claim = self._open_claims.pop((change.task_id, change.try_number), None)
+        return self._fold(change.task_id, change.try_number, change.values)
+
+    def _fold(self, task_id: str, try_number: int, values: dict[str, Any]) -> bool:
+        """Merge ``values`` into the waiting claim of this try, if there is one (lock held)."""
+        open_claim = self._open_claims.pop((task_id, try_number), None)
         if open_claim is None:
             return False
-        open_claim[0].update(change.values)
+        open_claim[0].update(values)
         return True
 
     def _forget(self, write: Write) -> None:

@@ -20,7 +20,7 @@ from celery_recovery.core.records import ReservedRow
 from celery_recovery.core.states import JobState, TaskState
 from celery_recovery.store.precompiled import PrecompiledBatch
 from celery_recovery.store.repository import Repository, rows_of
-from celery_recovery.store.schema import jobs, reservations, same_try, task_records
+from celery_recovery.store.schema import TRY_KEY, jobs, reservations, same_try, task_records
 
 
 class ReservationRepository(Repository):
@@ -32,7 +32,7 @@ class ReservationRepository(Repository):
         reservation there."""
         batch = self._statement(
             "reserved_batch",
-            lambda: PrecompiledBatch(self._build_upsert_reservation(), reservations),
+            lambda: PrecompiledBatch(self._build_upsert_reservation(), reservations, TRY_KEY),
         )
         # One row per try: the last reception in the batch wins, as it would in order.
         rows = {
@@ -44,7 +44,7 @@ class ReservationRepository(Repository):
     def _build_upsert_reservation(self) -> Any:
         insert = self._insert(reservations)
         return insert.on_conflict_do_update(
-            index_elements=["task_id", "try_number"],
+            index_elements=list(TRY_KEY),
             set_={"job_id": insert.excluded.job_id, "reserved_at": insert.excluded.reserved_at},
         )
 

@@ -240,6 +240,10 @@ reservations = Table(
 )
 
 
+#: The columns that name one try: the key of task_records and of the tables beside it.
+TRY_KEY = ("task_id", "try_number")
+
+
 def same_try(table: Table) -> Any:
     """Join condition of ``table``'s (task_id, try_number) with the try's record."""
     return and_(

@@ -24,7 +24,7 @@ from celery_recovery.store.database import Database
 from celery_recovery.store.precompiled import PrecompiledBatch
 from celery_recovery.store.repository import rows_of
 from celery_recovery.store.reservations import ReservationRepository
-from celery_recovery.store.schema import callbacks, reservations, task_records
+from celery_recovery.store.schema import TRY_KEY, callbacks, reservations, task_records
 from celery_recovery.store.try_recovery import TryRecovery
 
 #: States a delivery may move to ``running`` from: a fresh message, or a
@@ -168,13 +168,18 @@ class TryRepository(TryRecovery):
         writes = _coalesce(writes)
         ordered = [w for w in writes if w[0] != WriteKind.RESERVED]
         ordered += [w for w in writes if w[0] == WriteKind.RESERVED]
-        with self.transaction() as conn:
-            for kind, items in _runs(ordered):
+        runs = list(_runs(ordered))
+        # A batch that is one statement (a publisher's queued rows, a pool process's
+        # claims) needs no BEGIN and COMMIT of its own: two round trips fewer.
+        connect = self.single_statement if _one_statement(runs) else self.transaction
+        with connect() as conn:
+            for kind, items in runs:
                 appliers[kind](conn, items)
 
     def _insert_queued(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
         batch = self._statement(
-            "queued_batch", lambda: PrecompiledBatch(self._build_insert_queued(), task_records)
+            "queued_batch",
+            lambda: PrecompiledBatch(self._build_insert_queued(), task_records, TRY_KEY),
         )
         batch.execute(conn, _uniform(records))
 
@@ -183,7 +188,7 @@ class TryRepository(TryRecovery):
         # A worker may have claimed the try before the publisher's write landed:
         # keep its state, but take the message facts only the publisher knows.
         return insert.on_conflict_do_update(
-            index_elements=["task_id", "try_number"],
+            index_elements=list(TRY_KEY),
             set_={column: insert.excluded[column] for column in PUBLISHER_COLUMNS},
         )
 
@@ -196,7 +201,8 @@ class TryRepository(TryRecovery):
 
     def _upsert_running_many(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
         batch = self._statement(
-            "running_batch", lambda: PrecompiledBatch(self._build_upsert_running(), task_records)
+            "running_batch",
+            lambda: PrecompiledBatch(self._build_upsert_running(), task_records, TRY_KEY),
         )
         batch.execute(conn, _uniform([_as_claim(r) for r in records]))
 
@@ -213,7 +219,7 @@ class TryRepository(TryRecovery):
         )
         claim["deaths"] = task_records.c.deaths + case((died, 1), else_=0)
         return insert.on_conflict_do_update(
-            index_elements=["task_id", "try_number"],
+            index_elements=list(TRY_KEY),
             set_=claim,
             where=or_(
                 *(task_records.c.state == str(s) for s in CLAIMABLE_FOR_RUN),
@@ -393,6 +399,23 @@ def _coalesce(writes: Sequence[tuple[WriteKind, Any]]) -> list[tuple[WriteKind, 
                 continue
         out.append((kind, item))
     return out
+
+
+#: Kinds whose run is written as one statement when no try repeats in it
+#: (:class:`~celery_recovery.store.precompiled.PrecompiledBatch`).
+_UPSERTED = (WriteKind.QUEUED, WriteKind.RUNNING)
+
+
+def _one_statement(runs: Sequence[tuple[WriteKind, list[Any]]]) -> bool:
+    """Whether ``runs`` are written by a single statement."""
+    if len(runs) != 1:
+        return False
+    kind, items = runs[0]
+    if kind == WriteKind.RESERVED:
+        return True  # one row per try, always one statement
+    if kind not in _UPSERTED:
+        return False
+    return len(items) == 1 or len({(r["task_id"], r["try_number"]) for r in items}) == len(items)
 
 
 def _runs(writes: Sequence[tuple[WriteKind, Any]]) -> Iterator[tuple[WriteKind, list[Any]]]:

@@ -190,6 +190,54 @@ def test_batched_writes_apply_in_order(store):
     assert store.tries.history("a")[0]["updated_at"] >= now - timedelta(seconds=5)
 
 
+def test_a_batch_gives_the_rows_that_writing_each_alone_gives(store):
+    """A batch is one statement per run of distinct tries on PostgreSQL: a try that
+    repeats in it, and every kind of value, must come out as single writes leave them."""
+    odd = 'quote " backslash \\ newline \n ünïcode ☃'
+
+    def writes(prefix):
+        return [
+            ("queued", queued(f"{prefix}a", headers={"root_id": odd}, priority=None)),
+            ("queued", queued(f"{prefix}b", args=[odd, 1.5, None, True], republishable=False)),
+            ("queued", queued(f"{prefix}a", headers={"root_id": "second"}, eta=utcnow())),
+            ("running", running(f"{prefix}a", job_id="job-a", worker_pid=7)),
+            ("running", running(f"{prefix}b", job_id="job-a", error=odd)),
+            ("running", running(f"{prefix}a", job_id="job-b", fencing_token=2**40)),
+        ]
+
+    store.tries.apply_writes(writes("batch-"))
+    for write in writes("single-"):
+        store.tries.apply_writes([write])
+
+    def rows(prefix):
+        out = []
+        for name in ("a", "b"):
+            (row,) = store.tries.history(f"{prefix}{name}")
+            out.append(
+                {k: v for k, v in row.items() if k not in ("task_id", "external_executor_id")}
+            )
+        return out
+
+    batched, single = rows("batch-"), rows("single-")
+    for row in batched + single:  # the times are each write's own
+        for key in ("queued_at", "updated_at", "started_at", "eta"):
+            row[key] = row[key] is not None
+    assert batched == single
+    a, b = batched
+    assert a["job_id"] == "job-b" and a["deaths"] == 1 and a["fencing_token"] == 2**40
+    assert a["headers"] == {"root_id": "second"} and a["eta"]
+    assert b["args"] == [odd, 1.5, None, True] and b["error"] == odd and not b["republishable"]
+
+
+def test_batched_times_keep_their_microseconds(store):
+    at = utcnow().replace(microsecond=123456)
+    store.tries.apply_writes(
+        [("queued", queued("a", queued_at=at)), ("queued", queued("b", queued_at=at))]
+    )
+    assert store.tries.history("a")[0]["queued_at"] == at
+    assert store.tries.history("b")[0]["queued_at"] == at
+
+
 def test_job_heartbeat_and_end_are_compare_and_set(store):
     now = utcnow()
     job = {
