@@ -69,11 +69,10 @@ class _Shape:
         processors: dict[str, _Processor] = {
             key: table.c[key].type.bind_processor(dialect) for key in keys
         }
-        self.positional = bool(compiled.positional)
         self.constants = constants
+        # A recordset row is one object of the array: its values under the column names.
+        self.positional = bool(compiled.positional) and not recordset
         if recordset:
-            # Each row is one object of the array: its values under the recordset's names.
-            self.positional = False
             names = keys
         else:
             names = tuple(compiled.positiontup or ()) if self.positional else tuple(compiled.params)
