@@ -280,8 +280,13 @@ if os.environ.get("RECOVERY_TEST_HOSTNAME"):
     # Tests run every worker on one machine; this one pretends to be on its own host.
     import socket
 
+    from celery_recovery.liveness import process as _process
+
     _fake_host = os.environ["RECOVERY_TEST_HOSTNAME"]
     socket.gethostname = lambda: _fake_host
+    # Its process ids, too, mean nothing to a sweep elsewhere: without this the test's
+    # own sweep, on the real host, would see the process gone before a real one could.
+    _process._view = lambda: f"{_fake_host}-boot/pid:[1]"
 
 app = create_app(
     os.environ.get("RECOVERY_TEST_BROKER", "redis://127.0.0.1:6379/9"),
