@@ -68,6 +68,8 @@ _SKIPS_DROPPED = "_celery_recovery_skips_dropped"
 BUILTIN_TASKS_PREFIX = "celery."
 OWN_TASKS_PREFIX = "celery_recovery."
 _dropped = threading.local()
+#: (task id, retries) of the delivery whose ``before_start`` this thread last entered.
+_entered = threading.local()
 
 
 def skip_redundant_deliveries(context: RecoveryContext) -> None:
@@ -177,6 +179,15 @@ def _settle_owner(
     return context.store.tries.delivery_view(task_id, try_number)
 
 
+def never_entered(task: Any, task_id: str) -> bool:
+    """True when this thread's delivery of ``task_id`` never reached ``before_start``:
+    Celery failed before it (storing ``STARTED`` in an unreachable result backend), so
+    the body did not run.  False when it may have (or ``task`` is not one we watch)."""
+    entered = getattr(_entered, "delivery", None) == (task_id, task.request.retries)
+    _entered.delivery = None
+    return not entered and bool(type(task).__dict__.get(_SKIPS_DROPPED))
+
+
 def was_dropped(task_id: str, forget: bool = True) -> bool:
     """True when this thread dropped the delivery of ``task_id``."""
     dropped = getattr(_dropped, "task_id", None) == task_id
@@ -248,6 +259,7 @@ def _skip_body_when_dropped(cls: Any) -> None:
     def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
         if was_dropped(task_id, forget=False):
             raise Ignore()
+        _entered.delivery = (task_id, self.request.retries)
         return original(self, task_id, args, kwargs)
 
     cls.before_start = before_start

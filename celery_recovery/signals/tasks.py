@@ -35,7 +35,7 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import was_deferred
 from celery_recovery.messages import claim_from_request, try_number_of
 from celery_recovery.postpone import was_postponed
-from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
+from celery_recovery.redundant_deliveries import drop_if_redundant, never_entered, was_dropped
 from celery_recovery.signals.guard import never_raises
 from celery_recovery.worker_lost import (
     claim_counting_deaths,
@@ -47,6 +47,11 @@ from celery_recovery.worker_lost import (
 
 logger = logging.getLogger("celery_recovery.signals")
 
+#: Why a try whose body never ran is queued again.
+_NEVER_RAN = (
+    "not run: Celery failed before the body started (see the worker's log);"
+    " queued again for the lost-message sweep"
+)
 #: Longest error text kept on a record.
 MAX_ERROR_LENGTH = 4000
 
@@ -167,7 +172,12 @@ def on_postrun(
         _started_at().pop(task_id, None)
         return  # the try was already moved to deferred, or back to queued
     if state == celery_states.REJECTED and getattr(retval, "requeue", False):
-        _requeued(context, task, task_id)
+        _requeued(context, task, task_id, "rejected with requeue=True: back in the queue")
+        return
+    if state is None and never_entered(task, task_id):
+        # Celery failed before the body (an unreachable result backend refused STARTED)
+        # and acknowledges the message: the try is as unstarted as a lost message.
+        _requeued(context, task, task_id, _NEVER_RAN)
         return
     new, reason = _OUTCOMES.get(
         state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
@@ -191,11 +201,13 @@ def on_postrun(
         runtime.write(WriteKind.LATE, (task_id, try_number, new.value, now))
 
 
-def _requeued(context: Any, task: Any, task_id: str) -> None:
-    """``Reject(requeue=True)``: the message is back in the queue, so is the try.
+def _requeued(context: Any, task: Any, task_id: str, reason: str) -> None:
+    """The try is ``queued`` again: its message is back in the queue
+    (``Reject(requeue=True)``), or gone although the body never ran.
 
-    Its redelivery then claims it as usual; recording it finished would make that
-    redelivery look redundant and be dropped.
+    A redelivery then claims it as usual (recording it finished would make that
+    redelivery look redundant and be dropped); a message that is gone is sent again
+    by the lost-message sweep after ``recovery_queued_timeout``.
     """
     _started_at().pop(task_id, None)
     _take_aside(task_id)
@@ -211,7 +223,7 @@ def _requeued(context: Any, task: Any, task_id: str) -> None:
                 "job_id": None,
                 "queued_at": now,
                 "updated_at": now,
-                "state_reason": "rejected with requeue=True: back in the queue",
+                "state_reason": reason,
             },
         ),
     )

@@ -30,7 +30,7 @@ from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.states import TaskState
 from celery_recovery.store.audit import append_decision
 from celery_recovery.store.repository import rows_of
-from celery_recovery.store.schema import callbacks, jobs, task_records, triggers
+from celery_recovery.store.schema import callbacks, jobs, reservations, task_records, triggers
 from celery_recovery.store.trigger_reads import TriggerReads, live_triggerer
 
 #: Event kinds kept on a fired trigger row.
@@ -267,6 +267,17 @@ class TriggerRepository(TriggerReads):
                     state_reason="resumed by its trigger's event",
                 ),
                 params,
+            )
+            # Whoever reserved a message of the try before (its first delivery, or a
+            # redundant copy dropped while it waited) holds nothing of the resume: left,
+            # a live worker's reservation would keep the lost-message sweep off the try
+            # for good if the resume message were lost.
+            conn.execute(
+                delete(reservations).where(
+                    reservations.c.task_id == bindparam("b_task_id"),
+                    reservations.c.try_number == bindparam("b_try_number"),
+                ),
+                [{"b_task_id": p["b_task_id"], "b_try_number": p["b_try_number"]} for p in params],
             )
         return queued
 

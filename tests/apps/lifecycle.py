@@ -302,6 +302,11 @@ app = create_app(
     ),
     prefetch_multiplier=int(os.environ.get("RECOVERY_TEST_PREFETCH") or 1),
 )
+if os.environ.get("RECOVERY_TEST_BACKEND_RETRIES"):
+    # Celery retries an unreachable Redis result backend for ~20 s before it gives up.
+    app.conf.result_backend_transport_options = {
+        "retry_policy": {"max_retries": int(os.environ["RECOVERY_TEST_BACKEND_RETRIES"])}
+    }
 if os.environ.get("RECOVERY_TEST_BEAT_INTERVAL"):
     from celery_recovery.beat_schedules import recovery_beat_schedule
 

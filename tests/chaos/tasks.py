@@ -9,7 +9,8 @@ Ledger tables (created by :func:`create_ledger`):
   found its key already done (``duplicate``);
 - ``chaos_effects``: the side effect of an idempotent task, unique per key;
 - ``chaos_callbacks``: one row per ``on_failure``/``on_retry`` call, with
-  where it ran (``worker``: the task's own process; ``outbox``: a sweep).
+  where it ran (``worker``: the task's own process; ``outbox``: a sweep) and
+  the process (and its parent, a worker's main process) that ran it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ CREATE TABLE chaos_callbacks (
     kind text NOT NULL,
     source text NOT NULL,
     error text NOT NULL,
+    pid integer NOT NULL,
+    ppid integer NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 """
@@ -101,14 +104,16 @@ class ChaosTask(Task):
         else:
             try_number = self.request.retries + 1 if in_worker else None
         _write(
-            "INSERT INTO chaos_callbacks (task_id, try_number, kind, source, error)"
-            " VALUES (%s, %s, %s, %s, %s)",
+            "INSERT INTO chaos_callbacks (task_id, try_number, kind, source, error, pid, ppid)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)",
             (
                 task_id,
                 try_number,
                 kind,
                 "worker" if in_worker else "outbox",
                 f"{type(exc).__name__}: {exc}"[:500],
+                os.getpid(),
+                os.getppid(),
             ),
         )
 

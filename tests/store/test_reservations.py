@@ -9,6 +9,7 @@ from sqlalchemy import select
 from celery_recovery import JobState, JobType, TaskState
 from celery_recovery.core.records import Transition
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.store import RESUME, Firing
 from celery_recovery.store.schema import reservations
 
 THRESHOLD = 3.0
@@ -195,3 +196,37 @@ def test_a_batched_requeue_drops_the_reservation_only_when_it_wins(store):
     with store.transaction() as conn:
         held = {r.task_id for r in conn.execute(select(reservations))}
     assert held == {"still-queued"}
+
+
+def test_a_resumed_try_is_no_longer_held_by_the_live_worker_that_reserved_it_before(store):
+    # A live worker reserved the first delivery and started it; the try deferred, and a
+    # redundant copy was reserved (and dropped) while it waited.  The resume message is
+    # new: whoever receives it may die before recording it, and the lost-message sweep
+    # must then find the try.
+    now = started_and_waiting_in_live_worker(store, "deferring", "prefetched")
+    record = {"task_id": "deferring", "try_number": 1, "task_name": "lifecycle.add"}
+    trigger = {"classpath": "m.T", "kwargs": {}, "queue": "default", "created_at": now}
+    assert store.triggers.defer_try({**record, "updated_at": now}, trigger, now) == (True, None)
+    store.tries.apply_writes([("reserved", ("deferring", 1, "live", now))])
+    store.jobs.add_job(
+        {
+            "id": "triggerer",
+            "job_type": JobType.TRIGGERER,
+            "hostname": "h",
+            "pid": 2,
+            "state": JobState.RUNNING,
+            "start_date": now,
+            "latest_heartbeat": now,
+        }
+    )
+    [row] = store.triggers.claim_triggers("triggerer", None, 10, now, 30)
+    header = ("recovery_resume", {"method": None, "kwargs": {}, "event": 1})
+    _, publish = store.triggers.fire_triggers(
+        "triggerer", [Firing(row["id"], "deferring", 1, RESUME, 1, header)], now
+    )
+    assert list(publish) == [row["id"]]
+    later = now + timedelta(seconds=3600)
+    lost = {
+        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+    }
+    assert lost == {"deferring"}
