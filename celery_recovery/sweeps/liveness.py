@@ -12,8 +12,9 @@ and the zombie step then recovers its running tries in the same pass.
   missing.
 
 Either way the job must also be late: no heartbeat for more than one
-interval.  A paused, busy or partitioned process keeps its markers and is
-judged by the threshold, exactly as without markers.
+interval (two for the lock, which a live holder whose connection was cut
+also misses for a moment).  A paused, busy or partitioned process keeps its
+markers and is judged by the threshold, exactly as without markers.
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def _judge(
     if missing_since is None:
         store.liveness.note_marker_missing(job["id"], ctx.now)
         return None
-    if late and ctx.now - missing_since >= confirm:
+    # A missing lock may also be a cut connection the holder is taking back: the job
+    # must have missed a whole beat, not only be a moment behind its next one.
+    silent = job["latest_heartbeat"] < late_before - timedelta(
+        seconds=ctx.settings.heartbeat_interval
+    )
+    if silent and ctx.now - missing_since >= confirm:
         return "its liveness lock is gone"
     return None

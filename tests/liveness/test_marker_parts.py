@@ -10,12 +10,17 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from sqlalchemy import update
 
+from celery_recovery import JobState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.liveness import Verdict
 from celery_recovery.liveness.postgres import MarkerHolder
 from celery_recovery.liveness.process import check_process, process_marker
+from celery_recovery.recovery import recovery_for_app
+from celery_recovery.store.schema import jobs
 from tests.cli.helpers import add_job
+from tests.liveness.test_markers import SLOW_THRESHOLD
 from tests.services import PG_ADMIN_URL
 from tests.sweeps.helpers import run_concurrently
 from tests.workers import wait_for
@@ -117,3 +122,23 @@ def test_a_terminated_marker_session_is_taken_again_at_once(store):
         wait_for(lambda: holder.held and holder.key in store.liveness.held_marker_locks(), 2)
     finally:
         holder.stop()
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_missing_lock_kills_a_job_only_once_it_missed_a_whole_beat(make_client_app, store_url):
+    # The store cut the marker's connection (so the lock is missing, and was seen
+    # missing long enough) while the process lives: a beat a moment late is not death.
+    app = make_client_app(store_url, **SLOW_THRESHOLD)
+    recovery = recovery_for_app(app)
+    store = recovery.store
+    now = utcnow()
+    job_id = add_job(store, "worker", heartbeat_age=0, now=now)
+    with store.transaction() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(marker_lock=987_654_321))
+    assert store.liveness.note_marker_missing(job_id, now - timedelta(seconds=5))
+
+    recovery.sweep(now=now + timedelta(seconds=1.5))
+    assert store.jobs.get_job(job_id)["state"] == JobState.RUNNING
+    report = recovery.sweep(now=now + timedelta(seconds=2.5))
+    assert store.jobs.get_job(job_id)["state"] == JobState.FAILED
+    assert report.marker_deaths == 1
