@@ -349,7 +349,8 @@ SETTINGS: tuple[SettingSpec, ...] = (
         _liveness_markers,
         "Markers that let a sweep find a dead process without waiting for the zombie "
         "threshold: a process whose marker is gone and whose heartbeat is late by more than "
-        "one interval is dead at once; one whose marker is present is judged by the threshold. "
+        "one interval (two for the lock) is dead at once; one whose marker is present is "
+        "judged by the threshold. "
         "`auto`: a PostgreSQL advisory lock on a connection of its own (one per worker, beat "
         "and triggerer, when the store is PostgreSQL) and the process id with its start time "
         "(checked by a sweep on the same host). `process`: the second only (use it behind "
