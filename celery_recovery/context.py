@@ -8,7 +8,6 @@ which installation they belong to, find it here by app (:func:`context_for_app`)
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -16,6 +15,7 @@ from typing import Any
 
 from celery import Celery
 
+from celery_recovery.core.process_id import current_pid
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.runtime import ProcessRuntime
@@ -54,17 +54,17 @@ class RecoveryContext:
     def runtime(self) -> ProcessRuntime:
         """This process's runtime (writer, store health, job); rebuilt after a fork."""
         runtime = self._runtime
-        if runtime is None or runtime.pid != os.getpid():
+        if runtime is None or runtime.pid != current_pid():
             with self._runtime_lock:
                 runtime = self._runtime
-                if runtime is None or runtime.pid != os.getpid():
+                if runtime is None or runtime.pid != current_pid():
                     runtime = self._runtime = ProcessRuntime(self.store, self.settings)
         return runtime
 
     def close_runtime(self) -> None:
         """Flush this process's records and end its job, if this process built the runtime."""
         runtime = self._runtime
-        if runtime is not None and runtime.pid == os.getpid():
+        if runtime is not None and runtime.pid == current_pid():
             runtime.close()
 
 

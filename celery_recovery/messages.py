@@ -8,13 +8,13 @@ why it cannot be published again.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from kombu.utils.json import JSONEncoder as KombuJSONEncoder
 
+from celery_recovery.core.process_id import current_pid
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import as_utc, from_timestamp
 from celery_recovery.store import EncodedJSON
@@ -157,7 +157,7 @@ def record_from_request(task: Any, now: datetime, job_id: str | None) -> dict[st
         expires=as_utc(request.expires),
         job_id=job_id,
         worker_hostname=request.hostname,
-        worker_pid=os.getpid(),
+        worker_pid=current_pid(),
         started_at=now,
     )
     published = getattr(request, _PUBLISHED_AT, None)
@@ -210,7 +210,7 @@ def claim_from_request(
     record.update(
         job_id=job_id,
         worker_hostname=request.hostname,
-        worker_pid=os.getpid(),
+        worker_pid=current_pid(),
         started_at=now,
         # The publisher's queued_at, to the microsecond (see record_from_request).
         queued_at=from_timestamp(published),

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.process_id import current_pid
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType
@@ -35,7 +36,7 @@ class ProcessRuntime:
     """Per-process state of an installed :class:`~celery_recovery.Recovery`."""
 
     def __init__(self, store: Store, settings: RecoverySettings) -> None:
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.store = store
         self.settings = settings
         self.health = StoreHealth(settings.masked_database_url)
@@ -111,7 +112,7 @@ class ProcessRuntime:
 
     def close(self) -> None:
         """At interpreter exit: flush what is buffered and end the job cleanly."""
-        if os.getpid() != self.pid:
+        if current_pid() != self.pid:
             return
         self.stop_job(JobState.SUCCESS)
         self.writer.close()

@@ -66,11 +66,15 @@ _OUTCOMES = {
 _aside = threading.local()
 
 
-def _context_of(task: Any) -> Any:
+def _context_of(task: Any, request: Any = None) -> Any:
+    """The installation recording ``task``'s runs; ``request`` is ``task.request`` when
+    the caller already read it (each read walks Celery's thread-local request stack)."""
     if task is None:
         return None
     context = context_for_app(task.app)
-    if context is None or getattr(task.request, "is_eager", False):
+    if context is None:
+        return None
+    if getattr(task.request if request is None else request, "is_eager", False):
         return None
     return context
 
@@ -85,10 +89,12 @@ def _describe(exc: BaseException | None) -> str | None:
 def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     # Runs before every task body: each lookup here is paid per task (see
     # benchmarks/throughput.py), so the request is read once and passed along.
-    context = _context_of(task)
-    if context is None or task_id is None:
+    if task is None or task_id is None:
         return
     request = task.request
+    context = _context_of(task, request)
+    if context is None:
+        return
     if drop_if_redundant(context, task, task_id, request):
         return  # dropped: its before_start raises Ignore, and nothing is recorded
     runtime = context.runtime
@@ -162,8 +168,11 @@ def on_postrun(
     retval: Any = None,
     **_: Any,
 ) -> None:
-    context = _context_of(task)
-    if context is None or task_id is None:
+    if task is None or task_id is None:
+        return
+    request = task.request
+    context = _context_of(task, request)
+    if context is None:
         return
     store_refused_failure(task, task_id)
     if was_dropped(task_id):
@@ -191,7 +200,7 @@ def on_postrun(
         values["error"] = error
     if reason is not None:
         values["state_reason"] = reason
-    try_number = try_number_of(task.request)
+    try_number = try_number_of(request)
     runtime = context.runtime
     runtime.writer.finish(task_id, try_number, values)
     started = _started_at().pop(task_id, None)

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, select
+from sqlalchemy import BigInteger, Table, bindparam, func, literal_column, select
 from sqlalchemy.dialects.postgresql import JSON
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import column
+
+from celery_recovery.store.schema import UTCDateTime
 
 _Processor = Callable[[Any], Any] | None
 
@@ -42,10 +44,47 @@ def _from_recordset(stmt: Any, table: Table, keys: tuple[str, ...]) -> Any:
     """``stmt`` (an INSERT) taking its rows from one JSON array parameter."""
     rows = (
         func.json_to_recordset(bindparam(_ROWS, type_=JSON))
-        .table_valued(*(column(key, table.c[key].type) for key in keys))
+        .table_valued(
+            *(
+                column(key, BigInteger if _is_time(table, key) else table.c[key].type)
+                for key in keys
+            )
+        )
         .render_derived(with_types=True)
     )
-    return stmt.from_select([table.c[key] for key in keys], select(*(rows.c[k] for k in keys)))
+    values = [_from_microseconds(rows.c[k]) if _is_time(table, k) else rows.c[k] for k in keys]
+    return stmt.from_select([table.c[key] for key in keys], select(*values))
+
+
+def _is_time(table: Table, key: str) -> bool:
+    return isinstance(table.c[key].type, UTCDateTime)
+
+
+#: Times travel in a recordset as whole microseconds since the epoch: cheaper to
+#: make than ISO text on the client, and to read than ISO text on the server.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _from_microseconds(value: Any) -> Any:
+    # Seconds and the rest apart: each factor stays exact in the interval's float product.
+    million = literal_column("1000000", BigInteger)
+    return (
+        literal_column("timestamptz 'epoch'")
+        + (value // million) * literal_column("interval '1 second'")
+        + (value % million) * literal_column("interval '1 microsecond'")
+    )
+
+
+def _microseconds(process: _Processor) -> Callable[[Any], Any]:
+    """A time column's JSON value: the bound (aware UTC) time in epoch microseconds."""
+
+    def to_json(value: Any) -> Any:
+        if process is not None:
+            value = process(value)
+        return (value - _EPOCH) // _MICROSECOND
+
+    return to_json
 
 
 def _json_value(value: Any) -> Any:
@@ -69,6 +108,11 @@ class _Shape:
         processors: dict[str, _Processor] = {
             key: table.c[key].type.bind_processor(dialect) for key in keys
         }
+        if recordset:
+            processors = {
+                key: _microseconds(process) if _is_time(table, key) else process
+                for key, process in processors.items()
+            }
         self.constants = constants
         # A recordset row is one object of the array: its values under the column names.
         self.positional = bool(compiled.positional) and not recordset

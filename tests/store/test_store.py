@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -236,6 +236,28 @@ def test_batched_times_keep_their_microseconds(store):
     )
     assert store.tries.history("a")[0]["queued_at"] == at
     assert store.tries.history("b")[0]["queued_at"] == at
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(2026, 12, 1, 10, 0, 0, 0, tzinfo=UTC),
+        datetime(2026, 12, 1, 10, 0, 0, 999999, tzinfo=UTC),
+        datetime(1969, 12, 31, 23, 59, 59, 1, tzinfo=UTC),  # before the epoch
+        datetime(2900, 1, 1, 0, 0, 0, 654321, tzinfo=UTC),  # an ETA far ahead
+        datetime(2026, 3, 29, 2, 30, 0, 7, tzinfo=timezone(timedelta(hours=-5))),
+    ],
+    ids=["whole-second", "last-microsecond", "before-epoch", "far-ahead", "other-offset"],
+)
+def test_a_batch_writes_every_time_exactly(store, at):
+    """Batched rows carry their times in another form than single writes (epoch
+    microseconds in a JSON array on PostgreSQL): each must read back as the same instant."""
+    rows = [queued(name, queued_at=at, eta=at, updated_at=at) for name in ("a", "b")]
+    store.tries.apply_writes([("queued", row) for row in rows])
+    for name in ("a", "b"):
+        (row,) = store.tries.history(name)
+        assert (row["queued_at"], row["eta"], row["updated_at"]) == (at, at, at)
+        assert row["queued_at"].tzinfo is not None
 
 
 def test_job_heartbeat_and_end_are_compare_and_set(store):
