@@ -131,6 +131,21 @@ class _Shape:
         self._processors = tuple(
             (i, process) for i in slots if (process := processors.get(names[i])) is not None
         )
+        self._named_processors = tuple((names[i], process) for i, process in self._processors)
+
+    def objects(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A recordset's rows: each row's own keys (json_to_recordset takes the columns by
+        name and ignores the rest), with the values that need it processed."""
+        processors = self._named_processors
+        out = []
+        for row in rows:
+            values = dict(row)
+            for key, process in processors:
+                value = values[key]
+                if value is not None:
+                    values[key] = process(value)
+            out.append(values)
+        return out
 
     def rows(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
         out: list[Any] = []
@@ -187,7 +202,7 @@ class PrecompiledBatch:
         if recordset:
             assert self.key is not None
             for run in _distinct_runs(rows, itemgetter(*self.key)):
-                payload = json.dumps(shape.rows(run), default=_json_value, separators=(",", ":"))
+                payload = json.dumps(shape.objects(run), default=_json_value, separators=(",", ":"))
                 conn.exec_driver_sql(shape.sql, {**shape.constants, _ROWS: payload})
             return
         params = shape.rows(rows)

@@ -379,23 +379,23 @@ def _coalesce(writes: Sequence[tuple[WriteKind, Any]]) -> list[tuple[WriteKind, 
     reservation followed by the same process's claim of the try (a solo or
     threads pool) is superseded by the claim and not written at all.
     """
-    claims: dict[tuple[str, int], dict[str, Any]] = {}
+    # Where each claim is in ``out``: a claim is copied only when an outcome folds into it.
+    claims: dict[tuple[str, int], int] = {}
     out: list[tuple[WriteKind, Any]] = []
-    started = {
-        (item["task_id"], item["try_number"]) for kind, item in writes if kind == WriteKind.RUNNING
-    }
+    started: set[tuple[str, int]] = set()
+    if any(kind == WriteKind.RESERVED for kind, _item in writes):
+        started = {(i["task_id"], i["try_number"]) for k, i in writes if k == WriteKind.RUNNING}
     for kind, item in writes:
         if kind == WriteKind.RESERVED and (item[0], item[1]) in started:
             continue
         if kind == WriteKind.RUNNING:
-            record = dict(item)
-            claims[(record["task_id"], record["try_number"])] = record
-            out.append((kind, record))
+            claims[(item["task_id"], item["try_number"])] = len(out)
+            out.append((kind, item))
             continue
         if kind == WriteKind.TRANSITION and item.expected == (TaskState.RUNNING,):
-            claim = claims.pop((item.task_id, item.try_number), None)
-            if claim is not None:
-                claim.update(item.values)
+            index = claims.pop((item.task_id, item.try_number), None)
+            if index is not None:
+                out[index] = (WriteKind.RUNNING, {**out[index][1], **item.values})
                 continue
         out.append((kind, item))
     return out
