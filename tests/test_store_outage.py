@@ -62,6 +62,14 @@ def test_records_written_behind_reach_the_store_when_it_returns(
     proxy.cut()
     results = [client.send_task("lifecycle.add", (i, 1)) for i in range(20)]
     assert [r.get(timeout=30) for r in results] == [i + 1 for i in range(20)]
+    # Twenty short tasks can finish before a writer's batch is due (150 ms): keep the
+    # store away until a process has found it unreachable, so that what it buffers is
+    # written behind, once the store answers again.
+    wait_for(
+        lambda: "the metadata store failed while" in worker.log,
+        30,
+        what="a worker process to find the store unreachable",
+    )
     proxy.start()
 
     def all_recorded():
