@@ -8,7 +8,8 @@ why it cannot be published again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json.encoder
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +47,47 @@ _REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "o
 #: defaults); made once, since encoding runs twice per task on the hot path.
 #: ``encode`` keeps no state between calls, so threads may share it.
 _ENCODER = KombuJSONEncoder()
+
+
+def _one_shot_encoder() -> Callable[[Any], str]:
+    """``_ENCODER.encode`` without its per-call set-up.
+
+    ``JSONEncoder.encode`` builds a new C encoder on every call, which costs more
+    than encoding a task's usual arguments.  This builds one, with the same
+    settings and ``default``, and keeps it; without a circular-reference check
+    it holds no state between calls, so threads may share it (a circular value
+    fails with ``RecursionError`` instead of ``ValueError``).  Where the C
+    encoder is missing or takes other arguments, ``_ENCODER.encode`` is used.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _ENCODER.encode
+    try:
+        iterencode = make(
+            None,  # no circular check: no state kept between calls
+            _ENCODER.default,
+            json.encoder.encode_basestring_ascii,  # ensure_ascii, as kombu's default
+            None,
+            _ENCODER.key_separator,
+            _ENCODER.item_separator,
+            False,
+            False,
+            True,
+        )
+        if "".join(iterencode({"a": [1, 2.5, None, True]}, 0)) != _ENCODER.encode(
+            {"a": [1, 2.5, None, True]}
+        ):
+            return _ENCODER.encode
+    except TypeError:  # another Python's C encoder signature
+        return _ENCODER.encode
+
+    def encode(value: Any) -> str:
+        return "".join(iterencode(value, 0))
+
+    return encode
+
+
+_encode = _one_shot_encoder()
 #: The encoded ``{"embed": {...}}`` of messages without callbacks, chain or chord,
 #: by their key order.
 _EMPTY_EMBEDS: dict[tuple[str, ...], EncodedJSON] = {}
@@ -55,9 +97,11 @@ _EMPTY_KWARGS = EncodedJSON("{}")
 def encode_json(value: Any) -> tuple[EncodedJSON | None, str | None]:
     """``value`` encoded as JSON in kombu's encoding, or ``(None, reason)``."""
     try:
-        text = _ENCODER.encode(value)
+        text = _encode(value)
     except (TypeError, ValueError) as exc:
         return None, f"not JSON-serialisable ({type(exc).__name__}: {exc})"
+    except RecursionError:
+        return None, "not JSON-serialisable (it refers to itself, or is nested too deeply)"
     if len(text) > MAX_RECORDED_PAYLOAD:
         return None, f"{len(text)} bytes, over the {MAX_RECORDED_PAYLOAD} bytes kept for re-publish"
     return EncodedJSON(text), None
@@ -66,30 +110,40 @@ def encode_json(value: Any) -> tuple[EncodedJSON | None, str | None]:
 def _encode_payload(
     args: Any, kwargs: Any, embed: Any
 ) -> tuple[tuple[EncodedJSON, EncodedJSON, EncodedJSON] | None, str | None]:
-    parts = []
-    for value in (args, kwargs, embed):
-        encoded, reason = _encode_part(value, value is embed)
-        if encoded is None:
+    """``args`` (a list or tuple), ``kwargs`` and ``embed`` encoded, or ``(None, reason)``;
+    the usual empty ``kwargs`` and ``embed`` without encoding them again."""
+    if not isinstance(args, list | tuple):
+        args = list(args or ())
+    encoded_args, reason = encode_json(args)
+    if encoded_args is None:
+        return None, reason
+    if kwargs:
+        encoded_kwargs, reason = encode_json(kwargs if isinstance(kwargs, dict) else dict(kwargs))
+        if encoded_kwargs is None:
             return None, reason
-        parts.append(encoded)
-    size = sum(len(p) for p in parts)
+    else:
+        encoded_kwargs = _EMPTY_KWARGS
+    encoded_embed, reason = _encode_embed(embed)
+    if encoded_embed is None:
+        return None, reason
+    size = len(encoded_args) + len(encoded_kwargs) + len(encoded_embed)
     if size > MAX_RECORDED_PAYLOAD:
         return None, f"{size} bytes, over the {MAX_RECORDED_PAYLOAD} bytes kept for re-publish"
-    return (parts[0], parts[1], parts[2]), None
+    return (encoded_args, encoded_kwargs, encoded_embed), None
 
 
-def _encode_part(value: Any, is_embed: bool) -> tuple[EncodedJSON | None, str | None]:
-    """One part of the payload; the usual empty ones without encoding them again."""
-    if not is_embed:
-        return (_EMPTY_KWARGS, None) if value == {} else encode_json(value)
-    if isinstance(value, dict) and all(v is None for v in value.values()):
+def _encode_embed(value: Any) -> tuple[EncodedJSON | None, str | None]:
+    """``{"embed": value}`` encoded; one without callbacks, chain or chord from a cache."""
+    if isinstance(value, dict):
         key = tuple(value)
         encoded = _EMPTY_EMBEDS.get(key)
-        if encoded is None and len(_EMPTY_EMBEDS) < 16:
-            encoded, _ = encode_json({"embed": value})
-            _EMPTY_EMBEDS[key] = encoded  # type: ignore[assignment]
-        if encoded is not None:
+        if encoded is not None and all(v is None for v in value.values()):
             return encoded, None
+        if encoded is None and len(_EMPTY_EMBEDS) < 16 and all(v is None for v in value.values()):
+            encoded, _ = encode_json({"embed": value})
+            if encoded is not None:
+                _EMPTY_EMBEDS[key] = encoded
+                return encoded, None
     return encode_json({"embed": value})
 
 
@@ -107,35 +161,45 @@ def record_from_publish(
     if not task_id or not name or not isinstance(body, tuple | list) or len(body) != 3:
         return None
     args, kwargs, embed = body
-    record = _base(task_id, int(headers.get("retries") or 0) + 1, name, TaskState.QUEUED, now)
-    payload, reason = _encode_payload(list(args or ()), dict(kwargs or {}), embed)
-    kept = {k: v for k, v in headers.items() if k not in _HEADERS_NOT_KEPT}
-    kept_headers, header_reason = encode_json(kept)
+    payload, reason = _encode_payload(args, kwargs, embed)
+    kept_headers, header_reason = encode_json(
+        {k: v for k, v in headers.items() if k not in _HEADERS_NOT_KEPT}
+    )
     why = f"arguments are {reason}" if reason else None
     if why is None and header_reason:
         payload, why = None, f"headers are {header_reason}"
-    record.update(
-        queue=_queue_name(declare, exchange, routing_key),
-        exchange=exchange,
-        routing_key=routing_key,
-        priority=(properties or {}).get("priority"),
-        headers=kept_headers,
-        eta=as_utc(headers.get("eta")),
-        expires=as_utc(headers.get("expires")),
-        queued_at=now,
-    )
+    eta, expires = headers.get("eta"), headers.get("expires")
+    record = {
+        "task_id": task_id,
+        "try_number": int(headers.get("retries") or 0) + 1,
+        "task_name": name,
+        "state": TaskState.QUEUED,
+        "external_executor_id": task_id,
+        "updated_at": now,
+        "queue": _queue_name(declare, exchange, routing_key),
+        "exchange": exchange,
+        "routing_key": routing_key,
+        "priority": properties.get("priority") if properties else None,
+        "headers": kept_headers,
+        "eta": None if eta is None else as_utc(eta),
+        "expires": None if expires is None else as_utc(expires),
+        "queued_at": now,
+    }
     _set_payload(record, payload, why)
     return record
 
 
-def record_from_request(task: Any, now: datetime, job_id: str | None) -> dict[str, Any]:
-    """The ``running`` record of a request a worker is about to execute."""
-    request = task.request
-    record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
+def record_from_request(
+    task: Any, now: datetime, job_id: str | None, request: Any = None
+) -> dict[str, Any]:
+    """The ``running`` record of a request a worker is about to execute (``request`` is
+    ``task.request``, passed by a caller that already read it)."""
+    if request is None:
+        request = task.request
     delivery = request.delivery_info or {}
     payload, reason = _encode_payload(
-        list(request.args or ()),
-        dict(request.kwargs or {}),
+        request.args,
+        request.kwargs,
         {
             "callbacks": request.callbacks,
             "errbacks": request.errbacks,
@@ -143,23 +207,35 @@ def record_from_request(task: Any, now: datetime, job_id: str | None) -> dict[st
             "chord": request.chord,
         },
     )
-    kept = {name: getattr(request, name, None) for name in _REQUEST_HEADERS}
-    kept_headers, _ = encode_json({k: v for k, v in kept.items() if v is not None})
+    kept_headers, _ = encode_json(
+        {
+            name: value
+            for name in _REQUEST_HEADERS
+            if (value := getattr(request, name, None)) is not None
+        }
+    )
     routing_key = delivery.get("routing_key")
     exchange = delivery.get("exchange")
-    record.update(
-        queue=routing_key if not exchange else None,
-        exchange=exchange,
-        routing_key=routing_key,
-        priority=delivery.get("priority"),
-        headers=kept_headers,
-        eta=as_utc(request.eta),
-        expires=as_utc(request.expires),
-        job_id=job_id,
-        worker_hostname=request.hostname,
-        worker_pid=current_pid(),
-        started_at=now,
-    )
+    eta, expires = request.eta, request.expires
+    record = {
+        "task_id": request.id,
+        "try_number": (request.retries or 0) + 1,
+        "task_name": task.name,
+        "state": TaskState.RUNNING,
+        "external_executor_id": request.id,
+        "updated_at": now,
+        "queue": routing_key if not exchange else None,
+        "exchange": exchange,
+        "routing_key": routing_key,
+        "priority": delivery.get("priority"),
+        "headers": kept_headers,
+        "eta": None if eta is None else as_utc(eta),
+        "expires": None if expires is None else as_utc(expires),
+        "job_id": job_id,
+        "worker_hostname": request.hostname,
+        "worker_pid": current_pid(),
+        "started_at": now,
+    }
     published = getattr(request, _PUBLISHED_AT, None)
     if isinstance(published, int | float):
         # The publisher's queued_at, to the microsecond: when this claim creates the try,
@@ -205,7 +281,7 @@ def claim_from_request(
         request = task.request
     published = getattr(request, _PUBLISHED_AT, None)
     if not isinstance(published, int | float) or now.timestamp() - published < NARROW_CLAIM_AFTER:
-        return record_from_request(task, now, job_id)
+        return record_from_request(task, now, job_id, request)
     record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
     record.update(
         job_id=job_id,

@@ -128,7 +128,7 @@ def drop_if_redundant(
     if why is None:
         try:
             if runtime.store.tries.mark_running(
-                record_from_request(task, utcnow(), runtime.job_id)
+                record_from_request(task, utcnow(), runtime.job_id, request)
             ):
                 return False
         except StoreError as exc:

@@ -8,13 +8,14 @@ only handed to the writer at ``after_task_publish``, so a publish that fails
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from celery.signals import after_task_publish, before_task_publish
 
 from celery_recovery.context import context_for_task_name
 from celery_recovery.core.records import WriteKind
-from celery_recovery.core.timeutils import from_timestamp, utcnow
+from celery_recovery.core.timeutils import from_timestamp
 from celery_recovery.messages import record_from_publish
 from celery_recovery.republish import PUBLISHED_AT_HEADER
 from celery_recovery.signals.guard import never_raises
@@ -36,7 +37,7 @@ def on_before_publish(
     _staged.record = None
     if not headers or context_for_task_name(str(sender)) is None:
         return
-    published = utcnow().timestamp()
+    published = time.time()
     # The record's queued_at is the header's instant to the microsecond, as a worker that
     # creates the try first also records it: the publisher's later update then leaves
     # every indexed column as it was, so PostgreSQL can make it a HOT update.
