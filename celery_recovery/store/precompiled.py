@@ -133,18 +133,17 @@ class _Shape:
         )
         self._named_processors = tuple((names[i], process) for i, process in self._processors)
 
-    def objects(self, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def objects(self, rows: Sequence[dict[str, Any]], owned: bool) -> Sequence[dict[str, Any]]:
         """A recordset's rows: each row's own keys (json_to_recordset takes the columns by
-        name and ignores the rest), with the values that need it processed."""
+        name and ignores the rest), with the values that need it processed; in place
+        when the caller ``owned`` the rows (made them for this batch)."""
         processors = self._named_processors
-        out = []
-        for row in rows:
-            values = dict(row)
+        out = rows if owned else [dict(row) for row in rows]
+        for values in out:
             for key, process in processors:
                 value = values[key]
                 if value is not None:
                     values[key] = process(value)
-            out.append(values)
         return out
 
     def rows(self, rows: Sequence[dict[str, Any]]) -> list[Any]:
@@ -187,8 +186,11 @@ class PrecompiledBatch:
         self.key = key
         self._shapes: dict[tuple[Any, frozenset[str], bool], _Shape] = {}
 
-    def execute(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-        """Apply the statement to every row of ``rows`` (all with the same keys), in order."""
+    def execute(
+        self, conn: Connection, rows: Sequence[dict[str, Any]], owned: bool = False
+    ) -> None:
+        """Apply the statement to every row of ``rows`` (all with the same keys), in order;
+        ``owned`` rows were made for this call and may be changed by it."""
         if not rows:
             return
         dialect = conn.dialect
@@ -202,7 +204,9 @@ class PrecompiledBatch:
         if recordset:
             assert self.key is not None
             for run in _distinct_runs(rows, itemgetter(*self.key)):
-                payload = json.dumps(shape.objects(run), default=_json_value, separators=(",", ":"))
+                payload = json.dumps(
+                    shape.objects(run, owned), default=_json_value, separators=(",", ":")
+                )
                 conn.exec_driver_sql(shape.sql, {**shape.constants, _ROWS: payload})
             return
         params = shape.rows(rows)

@@ -99,7 +99,7 @@ class TryRepository(TryRecovery):
             "claim_counting", lambda: self._build_upsert_running().returning(task_records.c.deaths)
         )
         with self.single_statement() as conn:
-            row = conn.execute(stmt, _uniform([_as_claim(record)])[0]).first()
+            row = conn.execute(stmt, _uniform([record], _CLAIM_VALUES)[0]).first()
         return None if row is None else int(row[0])
 
     def apply_outboxed(self, items: Sequence[OutboxedTransition]) -> int:
@@ -181,7 +181,7 @@ class TryRepository(TryRecovery):
             "queued_batch",
             lambda: PrecompiledBatch(self._build_insert_queued(), task_records, TRY_KEY),
         )
-        batch.execute(conn, _uniform(records))
+        batch.execute(conn, _uniform(records), owned=True)
 
     def _build_insert_queued(self) -> Any:
         insert = self._insert(task_records)
@@ -197,14 +197,14 @@ class TryRepository(TryRecovery):
             "running", lambda: self._build_upsert_running().returning(task_records.c.try_number)
         )
         # rowcount is not reported for INSERT on every driver; a returned row is.
-        return conn.execute(stmt, _uniform([_as_claim(record)])[0]).first() is not None
+        return conn.execute(stmt, _uniform([record], _CLAIM_VALUES)[0]).first() is not None
 
     def _upsert_running_many(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
         batch = self._statement(
             "running_batch",
             lambda: PrecompiledBatch(self._build_upsert_running(), task_records, TRY_KEY),
         )
-        batch.execute(conn, _uniform([_as_claim(r) for r in records]))
+        batch.execute(conn, _uniform(records, _CLAIM_VALUES), owned=True)
 
     def _build_upsert_running(self) -> Any:
         insert = self._insert(task_records)
@@ -321,9 +321,9 @@ def _build_transition(
     return update(task_records).where(*conditions).values({c: bindparam(f"v_{c}") for c in columns})
 
 
-def _as_claim(record: dict[str, Any]) -> dict[str, Any]:
-    # A new try's first run has no death behind it (the column has no claim value to take).
-    return {**record, "deaths": 0}
+#: What a claim writes besides its record: a new try's first run has no death behind
+#: it (the column has no claim value to take).
+_CLAIM_VALUES = {"deaths": 0}
 
 
 def _states(expected: TaskState | Iterable[TaskState]) -> tuple[TaskState, ...]:
@@ -336,12 +336,26 @@ def _states(expected: TaskState | Iterable[TaskState]) -> tuple[TaskState, ...]:
 _RECORD_DEFAULTS = {"republishable": True, "publish_count": 1}
 
 
-def _uniform(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Give every row of a batch the same keys (executemany wants one shape).
+def _uniform(
+    records: Sequence[dict[str, Any]], extra: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """New rows for a batch's records, all with the same keys (executemany wants one
+    shape), with ``extra``'s values added.
 
     Only the union of the batch's own keys is sent: type processing of
     columns nobody set is the largest client-side cost of a batch.
     """
+    first = records[0].keys() if records else set()
+    if "external_executor_id" in first and all(r.keys() == first for r in records):
+        # The usual batch: records of one kind, made by one function.
+        if extra:
+            rows = [{**record, **extra} for record in records]
+        else:
+            rows = [dict(record) for record in records]
+        for row in rows:
+            if row["external_executor_id"] is None:
+                row["external_executor_id"] = row["task_id"]
+        return rows
     keys: set[str] = set()
     for record in records:
         keys.update(record)
@@ -351,6 +365,8 @@ def _uniform(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row = {key: record.get(key, _RECORD_DEFAULTS.get(key)) for key in keys}
         if row["external_executor_id"] is None:
             row["external_executor_id"] = record["task_id"]
+        if extra:
+            row.update(extra)
         rows.append(row)
     return rows
 
