@@ -25,6 +25,14 @@ FINISHED_TASK_STATES = frozenset(
 #: Result-backend state of a task waiting for its trigger.
 DEFERRED_STATE = "DEFERRED"
 
+#: Why a try whose body never ran is queued again (Celery failed before the body,
+#: e.g. the result backend refused ``STARTED``): the lost-message sweep sends it again,
+#: whatever failure Celery stored about its own start meanwhile.
+NEVER_RAN_REASON = (
+    "not run: Celery failed before the body started (see the worker's log);"
+    " queued again for the lost-message sweep"
+)
+
 
 class JobState(StrEnum):
     """State of a participating process (one row of ``jobs``)."""

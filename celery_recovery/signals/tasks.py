@@ -30,7 +30,7 @@ from celery.signals import (
 from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import LostWorkerError
 from celery_recovery.core.records import Transition, WriteKind
-from celery_recovery.core.states import TaskState
+from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import was_deferred
 from celery_recovery.messages import claim_from_request, try_number_of
@@ -47,11 +47,6 @@ from celery_recovery.worker_lost import (
 
 logger = logging.getLogger("celery_recovery.signals")
 
-#: Why a try whose body never ran is queued again.
-_NEVER_RAN = (
-    "not run: Celery failed before the body started (see the worker's log);"
-    " queued again for the lost-message sweep"
-)
 #: Longest error text kept on a record.
 MAX_ERROR_LENGTH = 4000
 
@@ -186,7 +181,7 @@ def on_postrun(
     if state is None and never_entered(task, task_id):
         # Celery failed before the body (an unreachable result backend refused STARTED)
         # and acknowledges the message: the try is as unstarted as a lost message.
-        _requeued(context, task, task_id, _NEVER_RAN)
+        _requeued(context, task, task_id, NEVER_RAN_REASON)
         return
     new, reason = _OUTCOMES.get(
         state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")

@@ -22,7 +22,7 @@ from celery import states
 from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import SweepOutcome, TryRow
-from celery_recovery.core.states import TaskState
+from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.probe import Probe, never_started
 from celery_recovery.revocations import revoked_because
 from celery_recovery.sweeps.context import SweepContext
@@ -62,12 +62,18 @@ def _handle(
     revocations: list[dict[str, Any]],
 ) -> str | None:
     """Decide on one overdue queued try; returns what was done or None."""
-    taken = take_backend_outcome(ctx, record, seen, TaskState.QUEUED, "its start was not recorded")
-    if taken is not None:
-        return taken
+    # Celery failed before this try's body and may have stored that failure once its
+    # backend answered again: the body never ran, so the try is sent again, not failed.
+    never_ran = seen.state == states.FAILURE and record.get("state_reason") == NEVER_RAN_REASON
+    if not never_ran:
+        taken = take_backend_outcome(
+            ctx, record, seen, TaskState.QUEUED, "its start was not recorded"
+        )
+        if taken is not None:
+            return taken
     if seen.state == states.REVOKED:
         return _revoke(ctx, record, "the result backend reports REVOKED")
-    if not never_started(seen, live):
+    if not never_ran and not never_started(seen, live):
         return None  # started in a live worker: its own signals will catch up
     why = revoked_because(record, revocations, ctx.now)
     if why is not None:

@@ -3,7 +3,8 @@
 With ``task_track_started`` Celery stores ``STARTED`` before the body; when
 that store fails it reports an internal error and acknowledges the message,
 so plain Celery loses the task without having run it.  The try goes back to
-``queued`` and the lost-message sweep sends it again once the backend answers.
+``queued`` and the lost-message sweep sends it again once the backend answers,
+also when Celery managed to store the failure of that start in the meantime.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ def broker_urls(redis_service, private_redis):
     return f"{redis_service}/{BROKER_DB}", f"{private_redis.url}/1"
 
 
+@pytest.mark.parametrize(
+    "celery_stored_its_failure", [False, True], ids=["failure-not-stored", "failure-stored"]
+)
 def test_a_task_celery_gave_up_on_before_its_body_runs_once_later(
-    private_redis, pg_url, make_client_app, start_worker, tmp_path
+    private_redis, pg_url, make_client_app, start_worker, tmp_path, celery_stored_its_failure
 ):
     client = make_client_app(pg_url, queued_timeout=3)
     store = Store(pg_url)
@@ -48,6 +52,10 @@ def test_a_task_celery_gave_up_on_before_its_body_runs_once_later(
     assert count(ledger, "start") == 0
 
     private_redis.start()
+    if celery_stored_its_failure:
+        # A worker whose backend answers again while Celery still retries storing the
+        # failure of its own start leaves FAILURE for a body that never ran.
+        client.backend.mark_as_failure(result.id, RuntimeError("the backend refused STARTED"))
     sweep_until(
         client,
         lambda: store.tries.history(result.id)[-1]["state"] == TaskState.SUCCESS,
