@@ -134,16 +134,15 @@ def _encode_payload(
 
 def _encode_embed(value: Any) -> tuple[EncodedJSON | None, str | None]:
     """``{"embed": value}`` encoded; one without callbacks, chain or chord from a cache."""
-    if isinstance(value, dict):
+    if isinstance(value, dict) and all(v is None for v in value.values()):
         key = tuple(value)
         encoded = _EMPTY_EMBEDS.get(key)
-        if encoded is not None and all(v is None for v in value.values()):
-            return encoded, None
-        if encoded is None and len(_EMPTY_EMBEDS) < 16 and all(v is None for v in value.values()):
+        if encoded is None and len(_EMPTY_EMBEDS) < 16:
             encoded, _ = encode_json({"embed": value})
             if encoded is not None:
                 _EMPTY_EMBEDS[key] = encoded
-                return encoded, None
+        if encoded is not None:
+            return encoded, None
     return encode_json({"embed": value})
 
 
@@ -169,22 +168,17 @@ def record_from_publish(
     if why is None and header_reason:
         payload, why = None, f"headers are {header_reason}"
     eta, expires = headers.get("eta"), headers.get("expires")
-    record = {
-        "task_id": task_id,
-        "try_number": int(headers.get("retries") or 0) + 1,
-        "task_name": name,
-        "state": TaskState.QUEUED,
-        "external_executor_id": task_id,
-        "updated_at": now,
-        "queue": _queue_name(declare, exchange, routing_key),
-        "exchange": exchange,
-        "routing_key": routing_key,
-        "priority": properties.get("priority") if properties else None,
-        "headers": kept_headers,
-        "eta": None if eta is None else as_utc(eta),
-        "expires": None if expires is None else as_utc(expires),
-        "queued_at": now,
-    }
+    record = _base(task_id, int(headers.get("retries") or 0) + 1, name, TaskState.QUEUED, now)
+    record.update(
+        queue=_queue_name(declare, exchange, routing_key),
+        exchange=exchange,
+        routing_key=routing_key,
+        priority=properties.get("priority") if properties else None,
+        headers=kept_headers,
+        eta=None if eta is None else as_utc(eta),
+        expires=None if expires is None else as_utc(expires),
+        queued_at=now,
+    )
     _set_payload(record, payload, why)
     return record
 
@@ -217,25 +211,20 @@ def record_from_request(
     routing_key = delivery.get("routing_key")
     exchange = delivery.get("exchange")
     eta, expires = request.eta, request.expires
-    record = {
-        "task_id": request.id,
-        "try_number": (request.retries or 0) + 1,
-        "task_name": task.name,
-        "state": TaskState.RUNNING,
-        "external_executor_id": request.id,
-        "updated_at": now,
-        "queue": routing_key if not exchange else None,
-        "exchange": exchange,
-        "routing_key": routing_key,
-        "priority": delivery.get("priority"),
-        "headers": kept_headers,
-        "eta": None if eta is None else as_utc(eta),
-        "expires": None if expires is None else as_utc(expires),
-        "job_id": job_id,
-        "worker_hostname": request.hostname,
-        "worker_pid": current_pid(),
-        "started_at": now,
-    }
+    record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
+    record.update(
+        queue=routing_key if not exchange else None,
+        exchange=exchange,
+        routing_key=routing_key,
+        priority=delivery.get("priority"),
+        headers=kept_headers,
+        eta=None if eta is None else as_utc(eta),
+        expires=None if expires is None else as_utc(expires),
+        job_id=job_id,
+        worker_hostname=request.hostname,
+        worker_pid=current_pid(),
+        started_at=now,
+    )
     published = getattr(request, _PUBLISHED_AT, None)
     if isinstance(published, int | float):
         # The publisher's queued_at, to the microsecond: when this claim creates the try,
