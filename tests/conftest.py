@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -169,7 +170,28 @@ def make_client_app(broker_urls: tuple[str, str], queue: str) -> Iterator[Callab
         installed = recovery_for_app(app)
         if installed is not None:
             installed.close()
+        forget_result_subscriptions(app)
         app.close()
+
+
+def forget_result_subscriptions(app: Any) -> None:
+    """Drop the app's result subscriptions before the test's Redis may go away.
+
+    An ``AsyncResult`` the test left behind unsubscribes when the garbage
+    collector takes it, in whichever later test that happens; against a Redis
+    that test stopped (``tests/faults``), Celery retries the reconnection 20
+    times a second apart, and the later test times out.
+    """
+    backend = getattr(app._local, "backend", None)
+    consumer = getattr(backend, "result_consumer", None)
+    if consumer is None or not hasattr(consumer, "subscribed_to"):
+        return
+    consumer.subscribed_to.clear()
+    getattr(consumer, "_pending_unsubscribe", set()).clear()
+    pubsub, consumer._pubsub = getattr(consumer, "_pubsub", None), None
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            pubsub.close()
 
 
 @pytest.fixture
