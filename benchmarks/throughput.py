@@ -10,7 +10,9 @@ Wall-clock rates depend on whatever else the machine runs, so each round also
 reports load-independent figures: CPU per task of the worker's processes (and
 of its main process alone) and of the publisher, and on PostgreSQL the
 server's CPU per task (its backends' CPU in ``/proc``), rows and commits per
-task and the share of updates that were HOT.  Prints JSON; the ratios are medians of the rounds.
+task and the share of updates that were HOT, and how often each side's threads
+gave up or lost a core (context switches per task).  Prints JSON; the ratios
+are medians of the rounds.
 
     python benchmarks/throughput.py --tasks 3000 --rounds 5 --stores postgres,sqlite
 
@@ -95,6 +97,28 @@ def process_cpu(pids: list[int]) -> float:
             continue  # gone meanwhile
         total += int(fields[11]) + int(fields[12])
     return total / _TICKS
+
+
+def context_switches(pids: list[int]) -> int:
+    """Context switches (voluntary and not) of every thread of the processes ``pids``
+    so far: how often they gave up or lost a core, which a busy two-core machine
+    pays for in the other processes' waits."""
+    total = 0
+    for pid in pids:
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as status:
+                    for line in status:
+                        name, _, value = line.partition(":")
+                        if name.endswith("ctxt_switches"):
+                            total += int(value)
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+    return total
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -280,6 +304,11 @@ def publish(tasks: int) -> None:
         "server": process_cpu(servers),
         "publisher": time.process_time(),
     }
+    switches = {
+        "worker_main": context_switches([worker_pgid]),
+        "pool": context_switches([p for p in workers if p != worker_pgid]),
+        "publisher": context_switches([os.getpid()]),
+    }
     load = os.getloadavg()[0]
     start = time.perf_counter()
     results = ResultSet([bench_app.noop.delay(i) for i in range(tasks)])
@@ -299,6 +328,11 @@ def publish(tasks: int) -> None:
         now_servers = server_pids(store_url) if store_url else []
         server_cpu = process_cpu(now_servers) - cpu["server"]
     per_task = 1000 / tasks
+    switched = {
+        "worker_main": context_switches([worker_pgid]) - switches["worker_main"],
+        "pool": context_switches([p for p in workers if p != worker_pgid]) - switches["pool"],
+        "publisher": context_switches([os.getpid()]) - switches["publisher"],
+    }
     print(
         json.dumps(
             {
@@ -309,6 +343,10 @@ def publish(tasks: int) -> None:
                 "worker_main_cpu_ms_per_task": round(main_cpu * per_task, 3),
                 "publisher_cpu_ms_per_task": round(publisher_cpu * per_task, 3),
                 "server_cpu_ms_per_task": round(server_cpu * per_task, 3),
+                **{
+                    f"{who}_switches_per_task": round(count / tasks, 2)
+                    for who, count in switched.items()
+                },
             }
         )
     )
@@ -383,6 +421,9 @@ def main() -> None:
             "rows_per_task",
             "commits_per_task",
             "hot_ratio",
+            "worker_main_switches_per_task",
+            "pool_switches_per_task",
+            "publisher_switches_per_task",
         ):
             value = _median(runs, key)
             if value is not None and (kind == "postgres" or key.split("_")[0] != "server"):
