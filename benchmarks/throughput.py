@@ -304,11 +304,13 @@ def publish(tasks: int) -> None:
         "server": process_cpu(servers),
         "publisher": time.process_time(),
     }
-    switches = {
-        "worker_main": context_switches([worker_pgid]),
-        "pool": context_switches([p for p in workers if p != worker_pgid]),
-        "publisher": context_switches([os.getpid()]),
+    # The worker's main process, its pool processes, this publisher.
+    sides = {
+        "worker_main": [worker_pgid],
+        "pool": [pid for pid in workers if pid != worker_pgid],
+        "publisher": [os.getpid()],
     }
+    switches = {who: context_switches(pids) for who, pids in sides.items()}
     load = os.getloadavg()[0]
     start = time.perf_counter()
     results = ResultSet([bench_app.noop.delay(i) for i in range(tasks)])
@@ -328,11 +330,7 @@ def publish(tasks: int) -> None:
         now_servers = server_pids(store_url) if store_url else []
         server_cpu = process_cpu(now_servers) - cpu["server"]
     per_task = 1000 / tasks
-    switched = {
-        "worker_main": context_switches([worker_pgid]) - switches["worker_main"],
-        "pool": context_switches([p for p in workers if p != worker_pgid]) - switches["pool"],
-        "publisher": context_switches([os.getpid()]) - switches["publisher"],
-    }
+    switched = {who: context_switches(pids) - switches[who] for who, pids in sides.items()}
     print(
         json.dumps(
             {

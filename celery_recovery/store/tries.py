@@ -345,29 +345,20 @@ def _uniform(
     Only the union of the batch's own keys is sent: type processing of
     columns nobody set is the largest client-side cost of a batch.
     """
+    extra = extra or {}
     first = records[0].keys() if records else set()
     if "external_executor_id" in first and all(r.keys() == first for r in records):
         # The usual batch: records of one kind, made by one function.
-        if extra:
-            rows = [{**record, **extra} for record in records]
-        else:
-            rows = [dict(record) for record in records]
-        for row in rows:
-            if row["external_executor_id"] is None:
-                row["external_executor_id"] = row["task_id"]
-        return rows
-    keys: set[str] = set()
-    for record in records:
-        keys.update(record)
-    keys.add("external_executor_id")
-    rows = []
-    for record in records:
-        row = {key: record.get(key, _RECORD_DEFAULTS.get(key)) for key in keys}
+        rows = [{**record, **extra} for record in records]
+    else:
+        keys = set().union(*records) | {"external_executor_id"}
+        rows = [
+            {**{key: record.get(key, _RECORD_DEFAULTS.get(key)) for key in keys}, **extra}
+            for record in records
+        ]
+    for row in rows:
         if row["external_executor_id"] is None:
-            row["external_executor_id"] = record["task_id"]
-        if extra:
-            row.update(extra)
-        rows.append(row)
+            row["external_executor_id"] = row["task_id"]
     return rows
 
 
