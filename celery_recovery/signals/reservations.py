@@ -22,7 +22,9 @@ job's reservations then, so those tries fall back to the queued timeout.
 
 from __future__ import annotations
 
+import functools
 import time
+import weakref
 from typing import Any
 
 from celery import bootsteps
@@ -57,11 +59,22 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     try_number = int(details.get("retries") or 0) + 1
     # A message a pool process has started by the time the batch is written is
     # covered by that process's claim: its reservation would be a row for nothing.
+    # The check holds the request weakly: kept alive by the buffer, every request
+    # (its message, headers, body) would outlive its task by up to a flush interval,
+    # and the garbage collector would pass over all of them again and again.
     runtime.writer.submit_unless(
         WriteKind.RESERVED,
         (request.id, try_number, job_id, utcnow()),
-        lambda: request.time_start is not None,
+        functools.partial(_started_or_gone, weakref.ref(request)),
     )
+
+
+def _started_or_gone(ref: weakref.ref[Any]) -> bool:
+    """Whether the request is started (its claim covers it) or gone: Celery lets go of
+    a request only once it is done with its message (run, revoked, expired, rejected,
+    or forgotten with a lost connection, whose reservations are deleted anyway)."""
+    request = ref()
+    return request is None or request.time_start is not None
 
 
 class ForgetReservationsOnReconnect(bootsteps.StartStopStep):
