@@ -113,7 +113,7 @@ def run_role(
     from celery_recovery.core.records import Transition, WriteKind
     from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.core.states import JobType, TaskState
-    from celery_recovery.core.timeutils import from_timestamp, utcnow
+    from celery_recovery.core.timeutils import utcnow
     from celery_recovery.messages import record_from_publish, record_from_request
     from celery_recovery.runtime import ProcessRuntime
     from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
@@ -142,9 +142,8 @@ def run_role(
         if role == "publisher":
             headers = {"id": task_id, "task": "bench.noop", "retries": 0, "root_id": task_id}
             body = ([index], {}, {"callbacks": None, "errbacks": None, "chain": None})
-            queued_at = from_timestamp(published)
             record = record_from_publish(
-                headers, body, "", "celery", None, {"priority": 0}, queued_at
+                headers, body, "", "celery", None, {"priority": 0}, published
             )
             runtime.write(WriteKind.QUEUED, record)
         elif role == "receiver":

@@ -146,34 +146,68 @@ def _encode_embed(value: Any) -> tuple[EncodedJSON | None, str | None]:
     return encode_json({"embed": value})
 
 
-def record_from_publish(
+#: What a publish handler keeps of a message as it is published (see :func:`capture_publish`):
+#: (task id, task name, retries, payload or None, why not, headers, exchange,
+#: routing key, queue, priority, published at as a POSIX timestamp).
+PublishCapture = tuple[
+    str, str, int, Any, "str | None", dict, "str | None", "str | None", "str | None", Any, float
+]
+
+
+def capture_publish(
     headers: Mapping[str, Any],
     body: Any,
     exchange: str | None,
     routing_key: str | None,
     declare: Sequence[Any] | None,
     properties: Mapping[str, Any] | None,
-    now: datetime,
-) -> dict[str, Any] | None:
-    """The ``queued`` record of a message about to be published (protocol 2)."""
+    published: float,
+) -> PublishCapture | None:
+    """What the ``queued`` record of a message about to be published needs (protocol 2),
+    taken while the publisher waits: the arguments are encoded now, since the caller may
+    change them once ``apply_async`` returns, and the headers are copied; the record is
+    built from this later by :func:`record_from_capture`, in the writer's thread."""
     task_id, name = headers.get("id"), headers.get("task")
     if not task_id or not name or not isinstance(body, tuple | list) or len(body) != 3:
         return None
     args, kwargs, embed = body
     payload, reason = _encode_payload(args, kwargs, embed)
+    return (
+        task_id,
+        name,
+        int(headers.get("retries") or 0),
+        payload,
+        reason,
+        dict(headers),
+        exchange,
+        routing_key,
+        _queue_name(declare, exchange, routing_key),
+        properties.get("priority") if properties else None,
+        published,
+    )
+
+
+def record_from_capture(capture: PublishCapture) -> dict[str, Any]:
+    """The ``queued`` record of a captured publish."""
+    (task_id, name, retries, payload, reason, headers, exchange, routing_key, queue, priority,
+     published) = capture  # fmt: skip
     kept_headers, header_reason = encode_json(
         {k: v for k, v in headers.items() if k not in _HEADERS_NOT_KEPT}
     )
     why = f"arguments are {reason}" if reason else None
     if why is None and header_reason:
         payload, why = None, f"headers are {header_reason}"
+    # The header's instant to the microsecond, as a worker that creates the try first
+    # also records it: the publisher's later update then leaves every indexed column
+    # as it was, so PostgreSQL can make it a HOT update.
+    now = from_timestamp(published)
     eta, expires = headers.get("eta"), headers.get("expires")
-    record = _base(task_id, int(headers.get("retries") or 0) + 1, name, TaskState.QUEUED, now)
+    record = _base(task_id, retries + 1, name, TaskState.QUEUED, now)
     record.update(
-        queue=_queue_name(declare, exchange, routing_key),
+        queue=queue,
         exchange=exchange,
         routing_key=routing_key,
-        priority=properties.get("priority") if properties else None,
+        priority=priority,
         headers=kept_headers,
         eta=None if eta is None else as_utc(eta),
         expires=None if expires is None else as_utc(expires),
@@ -181,6 +215,20 @@ def record_from_publish(
     )
     _set_payload(record, payload, why)
     return record
+
+
+def record_from_publish(
+    headers: Mapping[str, Any],
+    body: Any,
+    exchange: str | None,
+    routing_key: str | None,
+    declare: Sequence[Any] | None,
+    properties: Mapping[str, Any] | None,
+    published: float,
+) -> dict[str, Any] | None:
+    """The ``queued`` record of a message about to be published (protocol 2), at once."""
+    capture = capture_publish(headers, body, exchange, routing_key, declare, properties, published)
+    return None if capture is None else record_from_capture(capture)
 
 
 def record_from_request(

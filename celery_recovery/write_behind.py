@@ -21,6 +21,12 @@ dropped if, when its batch is taken, what it records has been superseded.  A
 worker's main process records the messages it holds that way: most are
 handed to a pool process within milliseconds, whose claim then says more, so
 only those still waiting when the batch is written cost a row.
+
+A write may also be built (:meth:`WriteBehindWriter.submit_built`): the
+caller hands over what it captured and the flusher thread builds the record
+when the batch is taken.  A publisher's ``queued`` records are made that way,
+so that ``apply_async`` only waits for what cannot wait (encoding the
+arguments before the caller may change them).
 """
 
 from __future__ import annotations
@@ -62,6 +68,16 @@ class _Conditional:
     def __init__(self, item: Any, superseded: Callable[[], bool]) -> None:
         self.item = item
         self.superseded = superseded
+
+
+class _Built:
+    """A pending write whose item is ``build(source)``, made when its batch is taken."""
+
+    __slots__ = ("build", "source")
+
+    def __init__(self, build: Callable[[Any], Any], source: Any) -> None:
+        self.build = build
+        self.source = source
 
 
 class BatchTarget(Protocol):
@@ -142,6 +158,13 @@ class WriteBehindWriter:
         """Queue one write that is not made if ``superseded()`` is true (asked in the
         flusher thread) when its batch is taken."""
         self.submit(kind, _Conditional(item, superseded))
+
+    def submit_built(self, kind: WriteKind, build: Callable[[Any], Any], source: Any) -> None:
+        """Queue one write whose item is ``build(source)``, called in the flusher thread
+        when its batch is taken: work a caller need not wait for (a record built from
+        what it captured) is done there, once per batch, instead of on the caller's path.
+        A ``build`` that raises drops that write, logged, and no other."""
+        self.submit(kind, _Built(build, source))
 
     def _fold_outcome(self, change: Transition) -> bool:
         """Fold an outcome into its try's claim when that claim still waits here."""
@@ -224,10 +247,11 @@ class WriteBehindWriter:
                 batch = [self._pending.popleft() for _ in range(min(MAX_BATCH, len(self._pending)))]
                 for write in batch:
                     self._forget(write)
-                batch = _without_superseded(batch)
                 # What is left is already late: write it next, at once.
                 self._oldest = -math.inf if self._pending else math.inf
                 self._in_flight = len(batch)
+            # Outside the lock: submitters do not wait for the checks and the building.
+            batch = _resolved(batch)
             applied = self._apply(batch)
             with self._cond:
                 if not applied:
@@ -269,8 +293,9 @@ class WriteBehindWriter:
         return True
 
 
-def _without_superseded(batch: list[Write]) -> list[Write]:
-    """The batch with its conditional writes resolved: made, or dropped if superseded."""
+def _resolved(batch: list[Write]) -> list[Write]:
+    """The batch as it is written: conditional writes made or dropped (if superseded),
+    built writes built."""
     kept: list[Write] = []
     for kind, item in batch:
         if isinstance(item, _Conditional):
@@ -280,5 +305,11 @@ def _without_superseded(batch: list[Write]) -> list[Write]:
             except Exception:  # a failing check keeps the write
                 logger.debug("celery-recovery: supersession check failed", exc_info=True)
             item = item.item
+        elif isinstance(item, _Built):
+            try:
+                item = item.build(item.source)
+            except Exception:
+                logger.exception("celery-recovery: dropped a %s record it could not build", kind)
+                continue
         kept.append((kind, item))
     return kept

@@ -88,7 +88,7 @@ class _Kwargs(Mapping[str, Any]):
 def _publish_record(args: Any, kwargs: Any) -> dict[str, Any]:
     headers = {"id": "t1", "task": "app.add", "retries": 0, "lang": "py", "root_id": "t1"}
     body = (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
-    record = record_from_publish(headers, body, "", "celery", None, None, utcnow())
+    record = record_from_publish(headers, body, "", "celery", None, None, utcnow().timestamp())
     assert record is not None
     return record
 

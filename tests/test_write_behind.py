@@ -152,3 +152,51 @@ def test_a_conditional_write_kept_through_an_outage_is_written_once_the_store_is
     store.down = False
     assert writer.flush(5)
     assert store.applied == [("reserved", ("a", 1))]
+
+
+def test_a_built_write_is_built_in_the_flusher_thread_and_keeps_its_place():
+    """A publisher's record is built from what its handler captured, off the caller's path."""
+    store = FakeStore()
+    writer, _ = make_writer(store)
+    built_in: list[str] = []
+
+    def build(source: str) -> str:
+        built_in.append(threading.current_thread().name)
+        return source.upper()
+
+    writer.submit("queued", "a")
+    writer.submit_built("queued", build, "b")
+    writer.submit("queued", "c")
+    assert writer.flush(5)
+    assert store.applied == [("queued", "a"), ("queued", "B"), ("queued", "c")]
+    assert built_in == ["celery-recovery-writer"]
+
+
+def test_a_record_that_cannot_be_built_is_dropped_alone():
+    store = FakeStore()
+    writer, _ = make_writer(store)
+
+    def broken(source: str) -> str:
+        raise TypeError("a value the record cannot hold")
+
+    writer.submit_built("queued", broken, "a")
+    writer.submit_built("queued", str.upper, "b")
+    assert writer.flush(5)
+    assert store.applied == [("queued", "B")]
+
+
+def test_a_built_write_kept_through_an_outage_is_built_once():
+    store = FakeStore()
+    store.down = True
+    writer, _ = make_writer(store)
+    builds: list[str] = []
+
+    def build(source: str) -> str:
+        builds.append(source)
+        return source.upper()
+
+    writer.submit_built("queued", build, "a")
+    assert not writer.flush(0.2)
+    store.down = False
+    assert writer.flush(5)
+    assert store.applied == [("queued", "A")] and builds == ["a"]
