@@ -16,17 +16,15 @@ outcome that finds its try's claim still waiting here is folded into it (one
 row write, and the claim is no longer urgent), as :func:`celery_recovery.store.tries._coalesce`
 would do at write time.
 
-A write may be conditional (:meth:`WriteBehindWriter.submit_unless`): it is
-dropped if, when its batch is taken, what it records has been superseded.  A
-worker's main process records the messages it holds that way: most are
-handed to a pool process within milliseconds, whose claim then says more, so
-only those still waiting when the batch is written cost a row.
-
-A write may also be built (:meth:`WriteBehindWriter.submit_built`): the
-caller hands over what it captured and the flusher thread builds the record
-when the batch is taken.  A publisher's ``queued`` records are made that way,
-so that ``apply_async`` only waits for what cannot wait (encoding the
-arguments before the caller may change them).
+A write may be built (:meth:`WriteBehindWriter.submit_built`): the caller
+hands over what it captured, and the flusher thread builds the record when
+the batch is taken, or drops the write if by then it records nothing new.  A
+publisher's ``queued`` records are made that way, so that ``apply_async`` only
+waits for what cannot wait (encoding the arguments before the caller may
+change them); so are the reservations of a worker's main process: most
+messages it holds are handed to a pool process within milliseconds, whose
+claim then says more, so only those still waiting when the batch is written
+cost a row.
 """
 
 from __future__ import annotations
@@ -60,18 +58,9 @@ Write = tuple[WriteKind, Any]
 _RUNNING_ONLY = (TaskState.RUNNING,)
 
 
-class _Conditional:
-    """A pending write that is dropped if ``superseded()`` is true when its batch is taken."""
-
-    __slots__ = ("item", "superseded")
-
-    def __init__(self, item: Any, superseded: Callable[[], bool]) -> None:
-        self.item = item
-        self.superseded = superseded
-
-
 class _Built:
-    """A pending write whose item is ``build(source)``, made when its batch is taken."""
+    """A pending write whose item is ``build(source)``, made when its batch is taken
+    (none if that returns ``None``)."""
 
     __slots__ = ("build", "source")
 
@@ -154,16 +143,12 @@ class WriteBehindWriter:
                 return
         self.submit(WriteKind.TRANSITION, Transition(task_id, try_number, _RUNNING_ONLY, values))
 
-    def submit_unless(self, kind: WriteKind, item: Any, superseded: Callable[[], bool]) -> None:
-        """Queue one write that is not made if ``superseded()`` is true (asked in the
-        flusher thread) when its batch is taken."""
-        self.submit(kind, _Conditional(item, superseded))
-
     def submit_built(self, kind: WriteKind, build: Callable[[Any], Any], source: Any) -> None:
         """Queue one write whose item is ``build(source)``, called in the flusher thread
         when its batch is taken: work a caller need not wait for (a record built from
-        what it captured) is done there, once per batch, instead of on the caller's path.
-        A ``build`` that raises drops that write, logged, and no other."""
+        what it captured) is done there instead of on the caller's path.  ``build``
+        returns ``None`` when the write is no longer needed (superseded meanwhile); one
+        that raises drops that write, logged, and no other."""
         self.submit(kind, _Built(build, source))
 
     def _fold_outcome(self, change: Transition) -> bool:
@@ -294,22 +279,16 @@ class WriteBehindWriter:
 
 
 def _resolved(batch: list[Write]) -> list[Write]:
-    """The batch as it is written: conditional writes made or dropped (if superseded),
-    built writes built."""
+    """The batch as it is written: built writes built, or dropped if no longer needed."""
     kept: list[Write] = []
     for kind, item in batch:
-        if isinstance(item, _Conditional):
-            try:
-                if item.superseded():
-                    continue
-            except Exception:  # a failing check keeps the write
-                logger.debug("celery-recovery: supersession check failed", exc_info=True)
-            item = item.item
-        elif isinstance(item, _Built):
+        if isinstance(item, _Built):
             try:
                 item = item.build(item.source)
             except Exception:
                 logger.exception("celery-recovery: dropped a %s record it could not build", kind)
+                continue
+            if item is None:
                 continue
         kept.append((kind, item))
     return kept

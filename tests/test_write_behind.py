@@ -117,41 +117,22 @@ def test_an_outcome_is_folded_into_its_waiting_claim():
     ]
 
 
-def test_a_conditional_write_is_made_only_if_not_superseded_when_its_batch_is_taken():
+def test_a_built_write_is_dropped_if_superseded_when_its_batch_is_taken():
     """A worker's main process records a held message only if no pool process has
     started it by the time the batch is written (the started try's claim covers it)."""
     store = FakeStore()
     writer, _ = make_writer(store)
     started = {"a": False, "b": False}
-    writer.submit_unless("reserved", ("a", 1), lambda: started["a"])
-    writer.submit_unless("reserved", ("b", 1), lambda: started["b"])
+
+    def unless_started(key: str):
+        return None if started[key] else (key, 1)
+
+    writer.submit_built("reserved", unless_started, "a")
+    writer.submit_built("reserved", unless_started, "b")
     writer.submit("queued", "c")
     started["a"] = True  # handed to a pool process before the flush
     assert writer.flush(5)
     assert store.applied == [("reserved", ("b", 1)), ("queued", "c")]
-
-
-def test_a_failing_supersession_check_keeps_the_write():
-    store = FakeStore()
-    writer, _ = make_writer(store)
-
-    def broken() -> bool:
-        raise AttributeError("no such request attribute")
-
-    writer.submit_unless("reserved", ("a", 1), broken)
-    assert writer.flush(5)
-    assert store.applied == [("reserved", ("a", 1))]
-
-
-def test_a_conditional_write_kept_through_an_outage_is_written_once_the_store_is_back():
-    store = FakeStore()
-    store.down = True
-    writer, _ = make_writer(store)
-    writer.submit_unless("reserved", ("a", 1), lambda: False)
-    assert not writer.flush(0.2)
-    store.down = False
-    assert writer.flush(5)
-    assert store.applied == [("reserved", ("a", 1))]
 
 
 def test_a_built_write_is_built_in_the_flusher_thread_and_keeps_its_place():

@@ -22,7 +22,6 @@ job's reservations then, so those tries fall back to the queued timeout.
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from typing import Any
@@ -33,7 +32,7 @@ from celery.signals import task_received
 from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
-from celery_recovery.core.timeutils import utcnow
+from celery_recovery.core.timeutils import from_timestamp
 from celery_recovery.republish import RESERVED_AT_HEADER
 from celery_recovery.signals.guard import never_raises
 
@@ -55,26 +54,30 @@ def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     if job_id is None:
         return  # not a worker job (yet): the queued timeout stays the net
     details = request.request_dict
-    details[RESERVED_AT_HEADER] = time.time()
+    received = time.time()
+    details[RESERVED_AT_HEADER] = received
     try_number = int(details.get("retries") or 0) + 1
-    # A message a pool process has started by the time the batch is written is
-    # covered by that process's claim: its reservation would be a row for nothing.
-    # The check holds the request weakly: kept alive by the buffer, every request
-    # (its message, headers, body) would outlive its task by up to a flush interval,
-    # and the garbage collector would pass over all of them again and again.
-    runtime.writer.submit_unless(
-        WriteKind.RESERVED,
-        (request.id, try_number, job_id, utcnow()),
-        functools.partial(_started_or_gone, weakref.ref(request)),
+    # Held weakly: kept alive by the buffer, every request (its message, headers, body)
+    # would outlive its task by up to a flush interval, and the garbage collector would
+    # pass over all of them again and again.
+    runtime.writer.submit_built(
+        WriteKind.RESERVED, _reservation, (weakref.ref(request), try_number, job_id, received)
     )
 
 
-def _started_or_gone(ref: weakref.ref[Any]) -> bool:
-    """Whether the request is started (its claim covers it) or gone: Celery lets go of
-    a request only once it is done with its message (run, revoked, expired, rejected,
-    or forgotten with a lost connection, whose reservations are deleted anyway)."""
+def _reservation(held: tuple[weakref.ref[Any], int, str, float]) -> tuple | None:
+    """The reservation row of a request still waiting when the batch is written.
+
+    None once it is started (its pool process's claim covers it: the row would be
+    for nothing) or gone: Celery lets go of a request only once it is done with its
+    message (run, revoked, expired, rejected, or forgotten with a lost connection,
+    whose reservations are deleted anyway).
+    """
+    ref, try_number, job_id, received = held
     request = ref()
-    return request is None or request.time_start is not None
+    if request is None or request.time_start is not None:
+        return None
+    return (request.id, try_number, job_id, from_timestamp(received))
 
 
 class ForgetReservationsOnReconnect(bootsteps.StartStopStep):
