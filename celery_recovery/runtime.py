@@ -68,9 +68,9 @@ class ProcessRuntime:
         self.writer.submit(kind, item)
 
     def record_start(self, record: dict[str, Any]) -> None:
-        """Queue the ``running`` claim of a try; it is committed within the writer's
-        claim interval (20 ms) while the task body runs on, or with its outcome when
-        the task ends first."""
+        """Queue the ``running`` claim of a try (handed over: the writer folds the
+        outcome into it); it is committed within the writer's claim interval (20 ms)
+        while the task body runs on, or with its outcome when the task ends first."""
         self.writer.submit(WriteKind.RUNNING, record)
 
     def start_job(

@@ -107,14 +107,16 @@ class WriteBehindWriter:
         self._takes_claims = False
 
     def submit(self, kind: WriteKind, item: Any) -> None:
-        """Queue one write; never blocks on the store."""
+        """Queue one write; never blocks on the store.  A ``running`` claim's dict then
+        belongs to the writer (its outcome is folded into it): the caller keeps no use
+        of it."""
         overflow = 0
         with self._cond:
             if kind == WriteKind.TRANSITION and self._fold_outcome(item):
                 return
             now = time.monotonic()
             if kind == WriteKind.RUNNING:
-                item = dict(item)  # folded into later: never the caller's dict
+                # The caller hands the claim over: an outcome is folded into this dict.
                 self._open_claims[(item["task_id"], item["try_number"])] = (item, now)
                 if not self._takes_claims:
                     # The flusher may be in a longer wait, planned before claims came.
