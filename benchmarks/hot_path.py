@@ -90,10 +90,15 @@ def _app(recovery: bool, store_url: str | None) -> tuple[Any, Any]:
 
 
 def _drain(installed: Any) -> None:
-    """Forget what the writer buffered, as its batches would (records kept for the
-    whole run would make the garbage collector's passes ever longer)."""
+    """Take what the writer buffered, as its batches would: records it builds when it
+    takes a batch are built (that work is the hot path's too, in the writer's thread),
+    then forgotten (records kept for the whole run would make the garbage collector's
+    passes ever longer)."""
     if installed is not None:
+        from celery_recovery.write_behind import _resolved
+
         writer = installed.runtime.writer
+        _resolved(list(writer._pending))
         writer._pending.clear()
         writer._open_claims.clear()
 

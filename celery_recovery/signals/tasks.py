@@ -183,9 +183,10 @@ def on_postrun(
         # and acknowledges the message: the try is as unstarted as a lost message.
         _requeued(context, task, task_id, NEVER_RAN_REASON)
         return
-    new, reason = _OUTCOMES.get(
-        state or "", (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
-    )
+    outcome = _OUTCOMES.get(state or "")
+    if outcome is None:
+        outcome = (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
+    new, reason = outcome
     error = _take_aside(task_id)
     now = utcnow()
     values: dict[str, Any] = {"state": new, "ended_at": now, "updated_at": now}
