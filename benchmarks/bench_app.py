@@ -4,6 +4,7 @@
 and configured by the ``CELERY_RECOVERY_*`` environment variables.
 ``BENCH_ACKS_LATE=1`` makes the task ``acks_late`` (its claim is then
 committed before the body runs, to count the deaths of its processes).
+``BENCH_HANDLER_CPU=<dir>`` measures the handlers' CPU (``handler_cpu.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ if os.environ.get("BENCH_PLAIN") != "1":
     from celery_recovery import Recovery
 
     recovery = Recovery(app)
+    if os.environ.get("BENCH_HANDLER_CPU"):
+        # Measure celery-recovery's own code where it runs (throughput.py --handlers).
+        from handler_cpu import install
+
+        install(os.environ["BENCH_HANDLER_CPU"])
 
 
 @app.task(name="bench.noop", acks_late=os.environ.get("BENCH_ACKS_LATE") == "1")

@@ -11,10 +11,14 @@ reports load-independent figures: CPU per task of the worker's processes (and
 of its main process alone) and of the publisher, and on PostgreSQL the
 server's CPU per task (its backends' CPU in ``/proc``), rows and commits per
 task and the share of updates that were HOT, and how often each side's threads
-gave up or lost a core (context switches per task).  Prints JSON; the ratios
-are medians of the rounds.
+gave up or lost a core (context switches per task).  With ``--handlers`` it
+also reports the CPU of celery-recovery's own code where it runs: each hot-path
+signal handler and each side's writer threads, in microseconds per task
+(``benchmarks/handler_cpu.py``).  Prints JSON; the ratios are medians of the
+rounds.
 
     python benchmarks/throughput.py --tasks 3000 --rounds 5 --stores postgres,sqlite
+    python benchmarks/throughput.py --tasks 6000 --rounds 2 --handlers
 
 Redis databases: ``RECOVERY_BENCH_REDIS_DB`` (broker) and the next one (backend).
 """
@@ -200,9 +204,14 @@ def round_env(store: str, store_url: str | None, queue: str) -> dict[str, str]:
     return env
 
 
-def run_round(store: str, tasks: int, store_url: str | None) -> dict[str, Any]:
+def run_round(
+    store: str, tasks: int, store_url: str | None, handlers: bool = False
+) -> dict[str, Any]:
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     env = round_env(store, store_url, queue)
+    spent = tempfile.TemporaryDirectory(prefix="bench-handlers-") if handlers else None
+    if spent is not None and store != "plain":
+        env["BENCH_HANDLER_CPU"] = spent.name
     postgres = store == "postgres"
     before = table_counters(store_url) if postgres and store_url else None
     log = open(f"/tmp/bench-worker-{queue}.log", "w")  # noqa: SIM115
@@ -252,6 +261,12 @@ def run_round(store: str, tasks: int, store_url: str | None) -> dict[str, Any]:
             os.killpg(worker.pid, signal.SIGKILL)
         log.close()
     result["store"] = store
+    if spent is not None:
+        if store != "plain":
+            from handler_cpu import per_task  # beside this script
+
+            result["handler_cpu_us_per_task"] = per_task(spent.name, tasks)
+        spent.cleanup()
     if before is not None and store_url is not None:
         wait_for_backends_to_leave(store_url)
         after = table_counters(store_url)
@@ -365,6 +380,11 @@ def main() -> None:
     parser.add_argument(
         "--acks-late", action="store_true", help="an acks_late task (claimed synchronously)"
     )
+    parser.add_argument(
+        "--handlers",
+        action="store_true",
+        help="also the CPU per task of each handler and writer thread, in place",
+    )
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.acks_late:
@@ -388,7 +408,7 @@ def main() -> None:
             # whose speed drifts would otherwise favour one).
             order = kinds[index % len(kinds) :] + kinds[: index % len(kinds)]
             for kind in order:
-                rounds[kind].append(run_round(kind, args.tasks, urls[kind]))
+                rounds[kind].append(run_round(kind, args.tasks, urls[kind], args.handlers))
     finally:
         if name is not None:
             drop_database(name)
@@ -426,6 +446,12 @@ def main() -> None:
             value = _median(runs, key)
             if value is not None and (kind == "postgres" or key.split("_")[0] != "server"):
                 summary[key] = value
+        spent = [r["handler_cpu_us_per_task"] for r in runs if "handler_cpu_us_per_task" in r]
+        if spent:
+            summary["handler_cpu_us_per_task"] = {
+                key: round(statistics.median(r.get(key, 0.0) for r in spent), 1)
+                for key in sorted({key for r in spent for key in r})
+            }
         report[kind] = summary
     print(json.dumps(report, indent=2))
 
