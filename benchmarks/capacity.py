@@ -114,7 +114,7 @@ def run_role(
     from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.core.states import JobType, TaskState
     from celery_recovery.core.timeutils import utcnow
-    from celery_recovery.messages import record_from_publish, record_from_request
+    from celery_recovery.messages import capture_publish, record_from_capture, record_from_request
     from celery_recovery.runtime import ProcessRuntime
     from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
     from celery_recovery.store import Store
@@ -142,10 +142,9 @@ def run_role(
         if role == "publisher":
             headers = {"id": task_id, "task": "bench.noop", "retries": 0, "root_id": task_id}
             body = ([index], {}, {"callbacks": None, "errbacks": None, "chain": None})
-            record = record_from_publish(
-                headers, body, "", "celery", None, {"priority": 0}, published
-            )
-            runtime.write(WriteKind.QUEUED, record)
+            capture = capture_publish(headers, body, "", "celery", None, {"priority": 0}, published)
+            assert capture is not None
+            runtime.write(WriteKind.QUEUED, record_from_capture(capture))
         elif role == "receiver":
             runtime.write(WriteKind.RESERVED, (task_id, 1, job_id, now))
         else:

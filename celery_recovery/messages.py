@@ -217,20 +217,6 @@ def record_from_capture(capture: PublishCapture) -> dict[str, Any]:
     return record
 
 
-def record_from_publish(
-    headers: Mapping[str, Any],
-    body: Any,
-    exchange: str | None,
-    routing_key: str | None,
-    declare: Sequence[Any] | None,
-    properties: Mapping[str, Any] | None,
-    published: float,
-) -> dict[str, Any] | None:
-    """The ``queued`` record of a message about to be published (protocol 2), at once."""
-    capture = capture_publish(headers, body, exchange, routing_key, declare, properties, published)
-    return None if capture is None else record_from_capture(capture)
-
-
 def record_from_request(
     task: Any, now: datetime, job_id: str | None, request: Any = None
 ) -> dict[str, Any]:

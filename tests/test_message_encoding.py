@@ -19,7 +19,7 @@ from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import encode_json, record_from_publish
+from celery_recovery.messages import capture_publish, encode_json, record_from_capture
 
 
 class _Reduced:
@@ -88,9 +88,9 @@ class _Kwargs(Mapping[str, Any]):
 def _publish_record(args: Any, kwargs: Any) -> dict[str, Any]:
     headers = {"id": "t1", "task": "app.add", "retries": 0, "lang": "py", "root_id": "t1"}
     body = (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
-    record = record_from_publish(headers, body, "", "celery", None, None, utcnow().timestamp())
-    assert record is not None
-    return record
+    capture = capture_publish(headers, body, "", "celery", None, None, utcnow().timestamp())
+    assert capture is not None
+    return record_from_capture(capture)
 
 
 def test_a_published_record_keeps_arguments_whatever_their_container() -> None:
