@@ -93,7 +93,10 @@ class WriteBehindWriter:
         self.claim_interval = claim_interval
         self.max_pending = max_pending
         self._pending: deque[Write] = deque()
-        self._cond = threading.Condition(threading.Lock())
+        # Submitters take the lock itself, not the condition (whose ``with`` runs two
+        # Python-level calls): they run on the task's path, once or twice a task.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._in_flight = 0
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -111,7 +114,7 @@ class WriteBehindWriter:
         belongs to the writer (its outcome is folded into it): the caller keeps no use
         of it."""
         overflow = 0
-        with self._cond:
+        with self._lock:
             if kind == WriteKind.TRANSITION and self._fold_outcome(item):
                 return
             now = time.monotonic()
@@ -140,7 +143,7 @@ class WriteBehindWriter:
     def finish(self, task_id: str, try_number: int, values: dict[str, Any]) -> None:
         """Queue a running try's outcome: folded into its claim while that still waits
         here (the usual case for a short task), else a compare-and-set from ``running``."""
-        with self._cond:
+        with self._lock:
             if self._fold(task_id, try_number, values):
                 return
         self.submit(WriteKind.TRANSITION, Transition(task_id, try_number, _RUNNING_ONLY, values))
