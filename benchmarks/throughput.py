@@ -15,7 +15,10 @@ gave up or lost a core (context switches per task).  With ``--handlers`` it
 also reports the CPU of celery-recovery's own code where it runs: each hot-path
 signal handler and each side's writer threads, in microseconds per task
 (``benchmarks/handler_cpu.py``).  Prints JSON; the ratios are medians of the
-rounds.
+rounds, and so is ``added_cpu_share``: the CPU per task a round adds (worker,
+publisher, PostgreSQL server) over plain Celery's own in the same cycle, as a
+share of it (in rounds of 3,000 tasks and more the rate ratio is about
+``1 / (1 + share)``).
 
     python benchmarks/throughput.py --tasks 3000 --rounds 5 --stores postgres,sqlite
     python benchmarks/throughput.py --tasks 6000 --rounds 2 --handlers
@@ -365,6 +368,19 @@ def publish(tasks: int) -> None:
     )
 
 
+def added_cpu_share(run: dict[str, Any], plain: dict[str, Any]) -> float:
+    """The CPU per task a round adds (worker, publisher and, on PostgreSQL, the server)
+    as a share of plain Celery's own (worker and publisher) in the same cycle.
+
+    In rounds long enough to keep the two cores busy (3,000 tasks here; not 500,
+    which end before the worker's pace settles) the rate ratio is about
+    ``1 / (1 + share)``: what is added is what slows the worker down.
+    """
+    base = plain["worker_cpu_ms_per_task"] + plain["publisher_cpu_ms_per_task"]
+    spent = run["worker_cpu_ms_per_task"] + run["publisher_cpu_ms_per_task"]
+    return (spent + run.get("server_cpu_ms_per_task", 0.0) - base) / base
+
+
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if key in r]
     return round(statistics.median(values), 3) if values else None
@@ -431,6 +447,12 @@ def main() -> None:
             ratios = [r / p["rate"] for r, p in zip(rates, rounds["plain"], strict=True)]
             summary["ratio"] = round(statistics.median(ratios), 3)
             summary["ratio_of_medians"] = round(statistics.median(rates) / plain_rate, 3)
+            summary["added_cpu_share"] = round(
+                statistics.median(
+                    added_cpu_share(r, p) for r, p in zip(runs, rounds["plain"], strict=True)
+                ),
+                3,
+            )
         for key in (
             "worker_cpu_ms_per_task",
             "worker_main_cpu_ms_per_task",
