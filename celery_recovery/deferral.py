@@ -201,21 +201,17 @@ def install_resume(cls: type) -> None:
     # push a copy of every request onto the stack, about 16 us per task.
     own = cls.__dict__.get("__call__")
 
-    def body(self: Any, args: Any, kwargs: Any) -> Any:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        resume = getattr(self.request, RESUME_HEADER, None)
+        if isinstance(resume, dict):
+            event = resume.get("event")
+            method = resume.get("method")
+            if method is not None:
+                return resolve_method(self, method)(event, **(resume.get("kwargs") or {}))
+            self.request.trigger_event = event
         if own is not None:
             return own(self, *args, **kwargs)
         return super(cls, self).__call__(*args, **kwargs)  # type: ignore[arg-type]
-
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        resume = getattr(self.request, RESUME_HEADER, None)
-        if not isinstance(resume, dict):
-            return body(self, args, kwargs)
-        event = resume.get("event")
-        method = resume.get("method")
-        if method is None:
-            self.request.trigger_event = event
-            return body(self, args, kwargs)
-        return resolve_method(self, method)(event, **(resume.get("kwargs") or {}))
 
     cls.__call__ = __call__  # type: ignore[method-assign]
     setattr(cls, _WRAPPED, True)
