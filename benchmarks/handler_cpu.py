@@ -1,7 +1,8 @@
 """CPU of celery-recovery's own code in a benchmark's processes, measured in place.
 
 Imported by ``bench_app`` when ``BENCH_HANDLER_CPU`` names a directory: every
-signal handler on the hot path is wrapped to add up the CPU time of its own
+signal handler on the hot path, and the claim the task classes' ``before_start``
+makes, is wrapped to add up the CPU time of its own
 thread (``time.thread_time_ns``: time spent waiting for a core is not
 counted), and each writer thread's CPU is taken when its process ends.  Each
 process then writes ``<role>-<pid>.json`` there, ``role`` being ``publisher``,
@@ -29,9 +30,11 @@ HANDLERS = (
     ("before_task_publish", "celery_recovery.signals.publish", "on_before_publish", ".before"),
     ("after_task_publish", "celery_recovery.signals.publish", "on_after_publish", ".after"),
     ("task_received", "celery_recovery.signals.reservations", "on_received", ".received"),
-    ("task_prerun", "celery_recovery.signals.tasks", "on_prerun", ".prerun"),
     ("task_postrun", "celery_recovery.signals.tasks", "on_postrun", ".postrun"),
 )
+#: (name, module, function) of the task-class hooks' work measured: the hook calls the
+#: function through its module, so replacing it there wraps it.
+HOOKS = (("before_start", "celery_recovery.signals.tasks", "start_try"),)
 
 _spent: dict[str, list[int]] = {}
 _writers: dict[int, float] = {}  # native thread id -> CPU seconds when it ended (or -1)
@@ -117,6 +120,9 @@ def install(directory: str) -> None:
         signal.connect(
             _timed(signal_name, getattr(module, handler_name)), weak=False, dispatch_uid=uid
         )
+    for name, module_name, function_name in HOOKS:
+        module = importlib.import_module(module_name)
+        setattr(module, function_name, _timed(name, getattr(module, function_name)))
     _watch_writers()
     path = Path(directory)
     role = "publisher" if "--publish" in sys.argv else "worker_main"

@@ -6,7 +6,8 @@ see a change of a few percent.  This measures the pieces alone:
 
 - ``pool``: tasks run through Celery's own tracer, as a prefork pool process
   runs them (``fast_trace_task``), plain and with ``Recovery(app)``: the
-  handlers, the resume ``__call__`` and the ``before_start`` check.  The
+  ``before_start`` that claims the try, the resume ``__call__`` and the
+  ``task_postrun`` handler.  The
   writer only buffers here (its batches are the next piece).  ``recovery``
   runs messages published seconds ago (the claim leaves the message to the
   publisher's record), ``recovery-fresh`` messages published just now, as a

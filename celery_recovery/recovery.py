@@ -15,10 +15,10 @@ from celery_recovery.canvas import install_chord_body_once
 from celery_recovery.context import RecoveryContext, install, uninstall
 from celery_recovery.core.records import SweepReport
 from celery_recovery.core.settings import RecoverySettings
-from celery_recovery.redundant_deliveries import skip_redundant_deliveries
 from celery_recovery.retention import register_clean_task
 from celery_recovery.runtime import ProcessRuntime
 from celery_recovery.signals.reservations import ForgetReservationsOnReconnect
+from celery_recovery.signals.tasks import hook_task_classes
 from celery_recovery.store import Store
 from celery_recovery.sweeps.fallback import SweepFallback
 from celery_recovery.sweeps.runner import run_sweep
@@ -69,7 +69,7 @@ class Recovery:
         app.steps["consumer"].add(ForgetReservationsOnReconnect)
         register_sweep_task(context)
         register_clean_task(context)
-        skip_redundant_deliveries(context)
+        hook_task_classes(context)
         install_chord_body_once(context)
         logger.debug("celery-recovery installed on app %r, store %s", app.main, context.store)
 

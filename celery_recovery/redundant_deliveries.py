@@ -13,7 +13,8 @@ drops, and a message the lost-message sweep replaced may only have been
 slow).  Redis also restores a message whose task is still running past the
 visibility timeout.
 
-The check runs at ``task_prerun``, before the try is claimed, and only for
+The check runs as the delivery starts (the task's ``before_start``, see
+:mod:`.signals.tasks`), before the try is claimed, and only for
 deliveries that can be redundant (so the hot path does not pay a round
 trip): those the broker marks redelivered, resumes of deferred tries, those
 published longer ago than half of ``recovery_queued_timeout`` (the
@@ -22,10 +23,8 @@ worker longer than a heartbeat interval (the reserved sweep replaces the
 messages of a worker judged dead, which a paused one still holds).  One that
 may be redundant and is not is claimed at once, not through the writer: a
 sweep replacing the try at the same moment then either sees the claim or
-makes the claim fail.  Signals cannot skip a task body, so
-:func:`skip_redundant_deliveries` gives every task of the app a
-``before_start`` that raises ``Ignore`` for a dropped delivery (and the
-``__call__`` that runs a resumed try's method, see :mod:`.deferral`).
+makes the claim fail.  A dropped delivery's ``before_start`` raises
+``Ignore``: Celery acknowledges the message and skips the body.
 
 Celery's built-in tasks are checked too.  ``celery.chord_unlock`` retries
 itself until its chord's header is ready, each retry a new try of the same
@@ -45,14 +44,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from celery.exceptions import Ignore
-
 from celery_recovery.core.audit import stale_delivery
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.states import FINISHED_TASK_STATES, JobState, TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deferral import RESUME_HEADER, install_resume
+from celery_recovery.deferral import RESUME_HEADER
 from celery_recovery.messages import record_from_request, try_number_of
 from celery_recovery.republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
 
@@ -62,40 +59,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_recovery.redundant_deliveries")
 
-_SKIPS_DROPPED = "_celery_recovery_skips_dropped"
-#: Celery's built-in tasks (``celery.chord_unlock``, ``celery.map``...): checked like the
-#: user's, since a redundant copy of one repeats its work (an unlock publishes a chord body).
-BUILTIN_TASKS_PREFIX = "celery."
-OWN_TASKS_PREFIX = "celery_recovery."
 _dropped = threading.local()
-#: (task id, retries) of the delivery whose ``before_start`` this thread last entered.
-_entered = threading.local()
-
-
-def skip_redundant_deliveries(context: RecoveryContext) -> None:
-    """Give every task of the app the ``before_start`` that skips a dropped delivery's
-    body (and the app's own tasks the resume of a deferred try), now if the app is
-    finalized, else when it is."""
-    app = context.app
-
-    def on_every_task(*_: Any, **__: Any) -> None:
-        for task in list(app.tasks.values()):
-            if task.name.startswith(OWN_TASKS_PREFIX):
-                continue  # the sweeps: idempotent, and they must run when the store is odd
-            _skip_body_when_dropped(type(task))
-            if not task.name.startswith(BUILTIN_TASKS_PREFIX):
-                install_resume(type(task))
-
-    if app.finalized:
-        on_every_task()
-    else:
-        app.on_after_finalize.connect(on_every_task, weak=False)
 
 
 def drop_if_redundant(
     context: RecoveryContext, task: Any, task_id: str, request: Any = None
 ) -> bool:
-    """At ``task_prerun``: True (and the body will be skipped) for a redundant delivery;
+    """As a delivery starts: True (and the body will be skipped) for a redundant delivery;
     a delivery that may be redundant and is not is claimed.
 
     ``request`` is ``task.request``, passed by a caller that already read it.
@@ -149,7 +119,7 @@ def drop_if_redundant(
 
 
 def drop_delivery(task_id: str) -> None:
-    """Skip the body of the delivery of ``task_id`` this thread is about to run
+    """Skip the body of the delivery of ``task_id`` this thread is starting
     (its ``before_start`` raises ``Ignore``, and the message is acknowledged)."""
     _dropped.task_id = task_id
 
@@ -177,15 +147,6 @@ def _settle_owner(
         if heartbeat is None or utcnow() - heartbeat >= timedelta(seconds=fresh):
             return now_view  # no beat for two intervals: the owner is dead
     return context.store.tries.delivery_view(task_id, try_number)
-
-
-def never_entered(task: Any, task_id: str) -> bool:
-    """True when this thread's delivery of ``task_id`` never reached ``before_start``:
-    Celery failed before it (storing ``STARTED`` in an unreachable result backend), so
-    the body did not run.  False when it may have (or ``task`` is not one we watch)."""
-    entered = getattr(_entered, "delivery", None) == (task_id, task.request.retries)
-    _entered.delivery = None
-    return not entered and bool(type(task).__dict__.get(_SKIPS_DROPPED))
 
 
 def was_dropped(task_id: str, forget: bool = True) -> bool:
@@ -249,21 +210,6 @@ def _is_zombie_process(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return False
-
-
-def _skip_body_when_dropped(cls: Any) -> None:
-    if cls.__dict__.get(_SKIPS_DROPPED):
-        return
-    original = cls.before_start
-
-    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
-        if was_dropped(task_id, forget=False):
-            raise Ignore()
-        _entered.delivery = (task_id, self.request.retries)
-        return original(self, task_id, args, kwargs)
-
-    cls.before_start = before_start
-    setattr(cls, _SKIPS_DROPPED, True)
 
 
 def _may_be_redundant(request: Any, settings: RecoverySettings) -> bool:

@@ -156,7 +156,7 @@ def _fail(context: RecoveryContext, task: Any, reason: str) -> bool:
         context.runtime.health.record_failure(exc_, f"failing {request.id}")
         return False
     if won:
-        # Stored at task_postrun: Celery stores STARTED (task_track_started) after task_prerun.
+        # Stored at task_postrun, so that it replaces the STARTED Celery stored before this.
         _refused.failure = (request.id, exc)
     return True
 

@@ -1,10 +1,15 @@
 """Worker side: a try goes ``running`` → ``success`` | ``failed`` | ``up_for_retry`` | ``revoked``.
 
-``task_prerun`` queues the try's ``running`` claim, committed within the
-writer's flush interval (so a process killed mid-task is known to be running
-it); the outcome follows through the same ordered buffer, and for a short
-task both land as one row write.  If an outcome is lost, the sweeps reconcile
-it from the result backend.  Exceptions and retry reasons are kept aside by
+Every task class of the app gets a ``before_start`` (:func:`hook_task_classes`)
+that queues the try's ``running`` claim, committed within the writer's flush
+interval (so a process killed mid-task is known to be running it), or drops a
+redundant delivery by raising ``Ignore`` (see :mod:`..redundant_deliveries`).
+Celery calls it in the pool process just before the body, after storing
+``STARTED``; a hook costs a task less than a ``task_prerun`` receiver, whose
+signal Celery skips when nothing is connected to it.  The outcome follows at
+``task_postrun`` through the same ordered buffer, and for a short task both
+land as one row write.  If an outcome is lost, the sweeps reconcile it from
+the result backend.  Exceptions and retry reasons are kept aside by
 ``task_failure`` / ``task_retry`` and written once, at ``task_postrun``.
 The same signals sent from the worker's main process about a pool process
 that died are handled by :mod:`celery_recovery.worker_lost`.
@@ -19,23 +24,24 @@ from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from celery import states as celery_states
+from celery.exceptions import Ignore
 from celery.signals import (
     task_failure,
     task_postrun,
-    task_prerun,
     task_retry,
     task_revoked,
+    worker_init,
 )
 
-from celery_recovery.context import context_for_app
+from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.errors import LostWorkerError
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deferral import was_deferred
+from celery_recovery.deferral import install_resume, was_deferred
 from celery_recovery.messages import claim_from_request, try_number_of
 from celery_recovery.postpone import was_postponed
-from celery_recovery.redundant_deliveries import drop_if_redundant, never_entered, was_dropped
+from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.signals.guard import never_raises
 from celery_recovery.worker_lost import (
     claim_counting_deaths,
@@ -58,7 +64,18 @@ _OUTCOMES = {
     celery_states.REJECTED: (TaskState.FAILED, "the task rejected its message"),
 }
 
+#: Celery's built-in tasks (``celery.chord_unlock``, ``celery.map``...): checked for
+#: redundant deliveries like the user's, since a redundant copy of one repeats its work
+#: (an unlock publishes a chord body).
+BUILTIN_TASKS_PREFIX = "celery."
+#: celery-recovery's own tasks (the sweeps): claimed, never dropped (they are
+#: idempotent, and must run when the store is odd).
+OWN_TASKS_PREFIX = "celery_recovery."
+
+_HOOKED = "_celery_recovery_hooked"
 _aside = threading.local()
+#: (task id, retries) of the delivery whose ``before_start`` this thread last entered.
+_entered = threading.local()
 
 
 def _context_of(task: Any, request: Any = None) -> Any:
@@ -80,27 +97,76 @@ def _describe(exc: BaseException | None) -> str | None:
     return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH]
 
 
+def hook_task_classes(context: RecoveryContext) -> None:
+    """Give every task class of the app the ``before_start`` that claims the try (and
+    the app's own tasks the resume of a deferred try, see :mod:`..deferral`): now if
+    the app is finalized, else when it is, and again as a worker starts, for the tasks
+    its modules registered since (before the worker builds their tracers, which look
+    the hooks up once)."""
+    app = context.app
+    if app.finalized:
+        _hook_every_task(app)
+    else:
+        app.on_after_finalize.connect(lambda *_, **__: _hook_every_task(app), weak=False)
+
+
 @never_raises
-def on_prerun(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    # Runs before every task body: each lookup here is paid per task (see
-    # benchmarks/throughput.py), so the request is read once and passed along.
-    if task is None or task_id is None:
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None and context_for_app(app) is not None:
+        _hook_every_task(app)
+
+
+def _hook_every_task(app: Any) -> None:
+    for task in list(app.tasks.values()):
+        own = task.name.startswith(OWN_TASKS_PREFIX)
+        _hook(type(task), drops=not own)
+        if not own and not task.name.startswith(BUILTIN_TASKS_PREFIX):
+            install_resume(type(task))
+
+
+def _hook(cls: Any, drops: bool) -> None:
+    if cls.__dict__.get(_HOOKED):
         return
-    request = task.request
+    original = cls.before_start
+
+    def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
+        request = self.request
+        delivery = (task_id, request.retries)
+        # A hooked subclass's hook, or a before_start calling super(), enters once.
+        if getattr(_entered, "delivery", None) != delivery:
+            if start_try(self, task_id, request, drops):
+                raise Ignore()
+            _entered.delivery = delivery
+        return original(self, task_id, args, kwargs)
+
+    cls.before_start = before_start
+    setattr(cls, _HOOKED, True)
+
+
+@never_raises
+def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
+    """Claim the try a delivery starts; True when the delivery is dropped instead (its
+    body is skipped): redundant, or an ``acks_late`` try whose runs are used up.
+
+    Runs before every task body: each lookup here is paid per task (see
+    benchmarks/hot_path.py), so the request is read once and passed along.
+    """
     context = _context_of(task, request)
     if context is None:
-        return
-    if drop_if_redundant(context, task, task_id, request):
-        return  # dropped: its before_start raises Ignore, and nothing is recorded
+        return False
+    if drops and drop_if_redundant(context, task, task_id, request):
+        return True
     runtime = context.runtime
     record = claim_from_request(task, utcnow(), runtime.job_id, request)
     if task.acks_late:
         # Its message comes back when this process dies: count the deaths.
         if claim_counting_deaths(context, task, record):
-            return  # failed for good instead: its before_start raises Ignore
+            return True  # failed for good instead
     else:
         runtime.record_start(record)
     _started_at()[task_id] = time.monotonic()
+    return False
 
 
 @never_raises
@@ -166,6 +232,8 @@ def on_postrun(
     if task is None or task_id is None:
         return
     request = task.request
+    entered = getattr(_entered, "delivery", None) == (task_id, request.retries)
+    _entered.delivery = None
     context = _context_of(task, request)
     if context is None:
         return
@@ -178,9 +246,13 @@ def on_postrun(
     if state == celery_states.REJECTED and getattr(retval, "requeue", False):
         _requeued(context, task, task_id, "rejected with requeue=True: back in the queue")
         return
-    if state is None and never_entered(task, task_id):
-        # Celery failed before the body (an unreachable result backend refused STARTED)
-        # and acknowledges the message: the try is as unstarted as a lost message.
+    if state is None and not entered and type(task).__dict__.get(_HOOKED):
+        # Celery failed before the body and its before_start (an unreachable result
+        # backend refused STARTED) and acknowledges the message: the try is as unstarted
+        # as a lost message.  Claimed here (with the message, when its publisher does
+        # not record it), it is queued again for the lost-message sweep.
+        runtime = context.runtime
+        runtime.record_start(claim_from_request(task, utcnow(), runtime.job_id, request))
         _requeued(context, task, task_id, NEVER_RAN_REASON)
         return
     outcome = _OUTCOMES.get(state or "")
@@ -296,7 +368,7 @@ def _take_aside(task_id: str) -> str | None:
 
 
 def connect() -> None:
-    task_prerun.connect(on_prerun, weak=False, dispatch_uid=__name__ + ".prerun")
+    worker_init.connect(on_worker_init, weak=False, dispatch_uid=__name__ + ".worker_init")
     task_failure.connect(on_failure, weak=False, dispatch_uid=__name__ + ".failure")
     task_retry.connect(on_retry, weak=False, dispatch_uid=__name__ + ".retry")
     task_postrun.connect(on_postrun, weak=False, dispatch_uid=__name__ + ".postrun")

@@ -38,3 +38,34 @@ def requests(self):
 
 
 TASK_NAMES = sorted(app.tasks)  # finalizes the app now, at import
+
+
+class CountsItsStarts(app.Task):
+    """A base class whose ``before_start`` calls ``super()``, as shared bases do."""
+
+    def before_start(self, task_id, args, kwargs):
+        self.request.starts = getattr(self.request, "starts", 0) + 1
+        super().before_start(task_id, args, kwargs)
+
+
+@app.task(bind=True, base=CountsItsStarts, name="finalized.late")
+def late(self):
+    """Registered on the finalized app, after Recovery hooked the app's tasks."""
+    return self.request.starts
+
+
+class Parent(CountsItsStarts):
+    name = "finalized.parent"
+
+    def run(self):
+        return self.request.starts
+
+
+class Child(Parent):
+    """A task class whose parent is a task too: both classes are hooked."""
+
+    name = "finalized.child"
+
+
+app.register_task(Parent())
+app.register_task(Child())
