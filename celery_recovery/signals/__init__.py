@@ -1,4 +1,5 @@
-"""Celery signal handlers: each turns one signal into one store call and never raises.
+"""Celery signal handlers (and the task-class hook that claims a try, in
+:mod:`.tasks`): each turns one event into one store call and never raises.
 
 Handlers are connected once per process, for every installed app; each finds
 the :class:`~celery_recovery.Recovery` of the app that sent the signal.

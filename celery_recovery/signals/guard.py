@@ -27,7 +27,7 @@ def never_raises(handler: F) -> F:
         except Exception:
             if _failures.first(name):
                 logger.exception(
-                    "celery-recovery: signal handler %s failed; the task is not affected "
+                    "celery-recovery: handler %s failed; the task is not affected "
                     "(further failures of this handler are logged at debug level)",
                     name,
                 )

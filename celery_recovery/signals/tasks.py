@@ -99,7 +99,8 @@ def _describe(exc: BaseException | None) -> str | None:
 
 def hook_task_classes(context: RecoveryContext) -> None:
     """Give every task class of the app the ``before_start`` that claims the try (and
-    the app's own tasks the resume of a deferred try, see :mod:`..deferral`): now if
+    the user's tasks, not Celery's or ours, the resume of a deferred try, see
+    :mod:`..deferral`): now if
     the app is finalized, else when it is, and again as a worker starts, for the tasks
     its modules registered since (before the worker builds their tracers, which look
     the hooks up once)."""
