@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
+from celery import Task
 from celery import states as celery_states
 from celery.exceptions import Ignore
 from celery.signals import (
@@ -130,6 +131,8 @@ def _hook(cls: Any, drops: bool) -> None:
     if cls.__dict__.get(_HOOKED):
         return
     original = cls.before_start
+    # Celery's own does nothing (its tracer skips it): not called either.
+    own = original if original is not Task.before_start else None
 
     def before_start(self: Any, task_id: str, args: Any, kwargs: Any) -> Any:
         request = self.request
@@ -139,7 +142,9 @@ def _hook(cls: Any, drops: bool) -> None:
             if start_try(self, task_id, request, drops):
                 raise Ignore()
             _entered.delivery = delivery
-        return original(self, task_id, args, kwargs)
+        if own is not None:
+            return own(self, task_id, args, kwargs)
+        return None
 
     cls.before_start = before_start
     setattr(cls, _HOOKED, True)
