@@ -101,10 +101,9 @@ def _describe(exc: BaseException | None) -> str | None:
 def hook_task_classes(context: RecoveryContext) -> None:
     """Give every task class of the app the ``before_start`` that claims the try (and
     the user's tasks, not Celery's or ours, the resume of a deferred try, see
-    :mod:`..deferral`): now if
-    the app is finalized, else when it is, and again as a worker starts, for the tasks
-    its modules registered since (before the worker builds their tracers, which look
-    the hooks up once)."""
+    :mod:`..deferral`): now if the app is finalized, else when it is, and again as a
+    worker starts, for the tasks its modules registered since (before the worker
+    builds their tracers, which look the hooks up once)."""
     app = context.app
     if app.finalized:
         _hook_every_task(app)
