@@ -6,8 +6,9 @@ task ``DEFERRED`` in the result backend, and raises :class:`TaskDeferred`
 (an ``Ignore``), so Celery acknowledges the message and frees the slot
 without storing a result.  The triggerer later either completes the task
 itself or publishes it again with the resume header; the task's ``__call__``
-(wrapped for every task of the app) then runs ``method_name(event, **kwargs)``
-instead of the body.
+(wrapped for every task of the app, and told by the task class's
+``before_start`` which delivery is a resume) then runs
+``method_name(event, **kwargs)`` instead of the body.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from celery_recovery.context import context_for_app
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import DeferralError, StoreError
 from celery_recovery.core.states import DEFERRED_STATE
+from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import record_from_request, try_number_of
 from celery_recovery.triggers.base import DEFAULT_TRIGGER_QUEUE, BaseTrigger
@@ -43,7 +45,16 @@ RESUME_HEADER = "recovery_resume"
 STORE_RETRY_COUNTDOWN = 10
 
 _WRAPPED = "_celery_recovery_resumable"
-_deferred = threading.local()
+_deferred = TaskIdMark()
+
+
+class _Resumes(threading.local):
+    #: (task, request, resume header) of the resumed delivery whose ``before_start``
+    #: this thread passed last, for its ``__call__``; None for any other delivery.
+    pending: tuple[Any, Any, dict[str, Any]] | None = None
+
+
+_resumes = _Resumes()
 
 
 class TaskDeferred(Ignore):
@@ -167,10 +178,7 @@ def _record_deferral(context: RecoveryContext, task: Any, trigger_row: dict[str,
 
 def was_deferred(task_id: str) -> bool:
     """True (once) when this thread's run of ``task_id`` ended in ``defer()``."""
-    if getattr(_deferred, "task_id", None) == task_id:
-        _deferred.task_id = None
-        return True
-    return False
+    return _deferred.take(task_id)
 
 
 def resolve_method(task: Any, name: str) -> Callable[..., Any]:
@@ -190,6 +198,15 @@ def resolve_method(task: Any, name: str) -> Callable[..., Any]:
     )
 
 
+def note_delivery(task: Any, request: Any) -> None:
+    """As a delivery starts (its task class's ``before_start``, which has the request
+    at hand): keep its resume, if it is one, for its ``__call__``, so that the
+    ``__call__`` of every other task need not walk Celery's request stack (about
+    1.3 µs).  Every delivery replaces what the one before it left."""
+    resume = getattr(request, RESUME_HEADER, None)
+    _resumes.pending = (task, request, resume) if isinstance(resume, dict) else None
+
+
 def install_resume(cls: type) -> None:
     """Make ``cls`` run the resume method of a resumed delivery instead of its body."""
     if cls.__dict__.get(_WRAPPED):
@@ -202,13 +219,15 @@ def install_resume(cls: type) -> None:
     own = cls.__dict__.get("__call__")
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        resume = getattr(self.request, RESUME_HEADER, None)
-        if isinstance(resume, dict):
+        pending = _resumes.pending
+        if pending is not None and pending[0] is self:
+            _resumes.pending = None
+            _task, request, resume = pending
             event = resume.get("event")
             method = resume.get("method")
             if method is not None:
                 return resolve_method(self, method)(event, **(resume.get("kwargs") or {}))
-            self.request.trigger_event = event
+            request.trigger_event = event
         if own is not None:
             return own(self, *args, **kwargs)
         return super(cls, self).__call__(*args, **kwargs)  # type: ignore[arg-type]

@@ -10,7 +10,6 @@ every postponement, and a later genuine ``self.retry()`` could find
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -19,12 +18,13 @@ from celery.exceptions import Ignore
 
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.states import TaskState
+from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import try_number_of
 
 logger = logging.getLogger("celery_recovery.recoverable")
 
-_postponed = threading.local()
+_postponed = TaskIdMark()
 
 
 def postpone(recovery: Any, task: Any, countdown: float, why: str) -> NoReturn:
@@ -74,7 +74,4 @@ def _forget_start(task: Any, request: Any) -> None:
 
 def was_postponed(task_id: str) -> bool:
     """True (once) when this thread's delivery of ``task_id`` was postponed."""
-    if getattr(_postponed, "task_id", None) == task_id:
-        _postponed.task_id = None
-        return True
-    return False
+    return _postponed.take(task_id)

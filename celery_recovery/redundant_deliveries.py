@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,6 +47,7 @@ from celery_recovery.core.audit import stale_delivery
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.states import FINISHED_TASK_STATES, JobState, TaskState
+from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER
 from celery_recovery.messages import record_from_request, try_number_of
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_recovery.redundant_deliveries")
 
-_dropped = threading.local()
+_dropped = TaskIdMark()
 
 
 def drop_if_redundant(
@@ -151,10 +151,9 @@ def _settle_owner(
 
 def was_dropped(task_id: str, forget: bool = True) -> bool:
     """True when this thread dropped the delivery of ``task_id``."""
-    dropped = getattr(_dropped, "task_id", None) == task_id
-    if dropped and forget:
-        _dropped.task_id = None
-    return dropped
+    if forget:
+        return _dropped.take(task_id)
+    return _dropped.task_id is not None and _dropped.task_id == task_id
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,15 @@ logger = logging.getLogger("celery_recovery.worker_lost")
 #: Where Celery leaves the try of a killed pool process: claimed, or not yet.
 _UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)
 
-_refused = threading.local()
+
+class _Refused(threading.local):
+    #: (task id, exception) of the try this thread failed instead of running it; a
+    #: class-level default, since ``task_postrun`` reads it for every task (see
+    #: :mod:`celery_recovery.core.thread_marks`).
+    failure: tuple[str, BaseException] | None = None
+
+
+_refused = _Refused()
 
 
 def record_lost_process(
@@ -163,7 +171,7 @@ def _fail(context: RecoveryContext, task: Any, reason: str) -> bool:
 
 def store_refused_failure(task: Any, task_id: str) -> None:
     """At ``task_postrun`` of a try failed instead of run: FAILURE in the result backend."""
-    failure = getattr(_refused, "failure", None)
+    failure = _refused.failure
     if failure is None or failure[0] != task_id:
         return
     _refused.failure = None

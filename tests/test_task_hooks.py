@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.app.trace import trace_task
+from celery.exceptions import Ignore
 
 from celery_recovery import Recovery, TaskState
+from celery_recovery.deferral import RESUME_HEADER, resume_header
 from celery_recovery.signals import tasks as task_hooks
 
 
@@ -103,3 +105,48 @@ def test_the_same_delivery_run_again_in_the_same_thread_is_claimed_again(app, mo
     for _ in range(2):
         assert trace_task(task, "same-id", (), {}, request, app=app).retval == "ran"
     assert claims == ["same-id", "same-id"]
+
+
+def test_only_a_resumed_delivery_runs_its_resume_method(app):
+    # The task class's before_start tells __call__ which delivery is a resume; what a
+    # resumed delivery that never reached its body left must not resume the next call.
+    calls: list[tuple[str, Any]] = []
+    refuse = {"next": False}
+
+    class Resumable(app.Task):
+        name = "hooks.resumable"
+
+        def before_start(self, task_id, args, kwargs):
+            if refuse["next"]:
+                raise Ignore()
+
+        def run(self, x=0):
+            calls.append(("body", x))
+            return "body"
+
+        def on_event(self, event):
+            calls.append(("resumed", event))
+            return "resumed"
+
+    app.register_task(Resumable())
+
+    @app.task(name="hooks.caller")
+    def caller():
+        return app.tasks["hooks.resumable"](7)  # a direct call inside another delivery
+
+    task_hooks.on_worker_init(sender=SimpleNamespace(app=app))
+    resume = {RESUME_HEADER: resume_header("on_event", {}, {"n": 1})}
+
+    assert _trace(app, "hooks.resumable", resume) == "resumed"
+    refuse["next"] = True
+    _trace(app, "hooks.resumable", resume)  # its own before_start refuses it: no body
+    refuse["next"] = False
+    assert _trace(app, "hooks.resumable", {}) == "body"
+    assert _trace(app, "hooks.caller", {}) == "body"
+    assert calls == [("resumed", {"n": 1}), ("body", 0), ("body", 7)]
+
+
+def _trace(app: Celery, name: str, headers: dict[str, Any]) -> Any:
+    task_id = str(uuid.uuid4())
+    request = {"id": task_id, "task": name, "retries": 0, "hostname": "hooks@test", **headers}
+    return trace_task(app.tasks[name], task_id, (), {}, request, app=app).retval

@@ -39,7 +39,7 @@ from celery_recovery.core.errors import LostWorkerError
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deferral import install_resume, was_deferred
+from celery_recovery.deferral import install_resume, note_delivery, was_deferred
 from celery_recovery.messages import claim_from_request, try_number_of
 from celery_recovery.postpone import was_postponed
 from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
@@ -74,9 +74,26 @@ BUILTIN_TASKS_PREFIX = "celery."
 OWN_TASKS_PREFIX = "celery_recovery."
 
 _HOOKED = "_celery_recovery_hooked"
-_aside = threading.local()
-#: (task id, retries) of the delivery whose ``before_start`` this thread last entered.
-_entered = threading.local()
+
+
+class _Runs(threading.local):
+    """What this thread keeps of the deliveries it runs, from their claim to their
+    ``task_postrun`` (class-level defaults: see :mod:`celery_recovery.core.thread_marks`)."""
+
+    #: (task id, retries) of the delivery whose ``before_start`` this thread last entered.
+    delivery: tuple[str, Any] | None = None
+    #: That delivery's request, for its ``task_postrun`` (``task.request`` walks Celery's
+    #: request stack: about 1.3 µs, on every task).
+    request: Any = None
+
+    def __init__(self) -> None:
+        #: Task id -> monotonic time its body started, in this thread.
+        self.started: dict[str, float] = {}
+        #: Task id -> the error or retry reason set aside for its outcome.
+        self.errors: dict[str, str | None] = {}
+
+
+_runs = _Runs()
 
 
 def _context_of(task: Any, request: Any = None) -> Any:
@@ -137,10 +154,13 @@ def _hook(cls: Any, drops: bool) -> None:
         request = self.request
         delivery = (task_id, request.retries)
         # A hooked subclass's hook, or a before_start calling super(), enters once.
-        if getattr(_entered, "delivery", None) != delivery:
+        runs = _runs
+        if runs.delivery != delivery:
+            note_delivery(self, request)
             if start_try(self, task_id, request, drops):
                 raise Ignore()
-            _entered.delivery = delivery
+            runs.delivery = delivery
+            runs.request = request
         if own is not None:
             return own(self, task_id, args, kwargs)
         return None
@@ -236,9 +256,12 @@ def on_postrun(
 ) -> None:
     if task is None or task_id is None:
         return
-    request = task.request
-    entered = getattr(_entered, "delivery", None) == (task_id, request.retries)
-    _entered.delivery = None
+    runs = _runs
+    delivery = runs.delivery
+    entered = delivery is not None and delivery[0] == task_id
+    # The request of the delivery this thread entered is the one Celery still holds.
+    request = runs.request if entered else task.request
+    runs.delivery = runs.request = None
     context = _context_of(task, request)
     if context is None:
         return
@@ -355,20 +378,15 @@ def _runs_here(task_id: str) -> bool:
 
 
 def _started_at() -> dict[str, float]:
-    started = getattr(_aside, "started", None)
-    if started is None:
-        started = _aside.started = {}
-    return started
+    return _runs.started
 
 
 def _set_aside(task_id: str, text: str | None) -> None:
-    if not hasattr(_aside, "errors"):
-        _aside.errors = {}
-    _aside.errors[task_id] = text
+    _runs.errors[task_id] = text
 
 
 def _take_aside(task_id: str) -> str | None:
-    errors = getattr(_aside, "errors", None)
+    errors = _runs.errors
     return errors.pop(task_id, None) if errors else None
 
 
