@@ -7,7 +7,9 @@ of every row, as much client CPU as the driver's own ``executemany``.  Here
 a statement is compiled once per set of parameter names; each batch applies
 the columns' bind processors itself and hands plain rows to
 ``exec_driver_sql``, which keeps SQLAlchemy's transaction and error
-translation.
+translation.  Payloads that arrive already encoded (:class:`EncodedJSON`, what
+every record carries) skip their column's processor, which would return them
+as they are.
 
 On PostgreSQL an ``INSERT`` batch is one statement whatever its size: the rows
 travel as one JSON array that ``json_to_recordset`` unpacks on the server.
@@ -31,7 +33,7 @@ from sqlalchemy.dialects.postgresql import JSON
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import column
 
-from celery_recovery.store.schema import UTCDateTime
+from celery_recovery.store.schema import EncodedJSON, UTCDateTime
 
 _Processor = Callable[[Any], Any] | None
 
@@ -80,7 +82,9 @@ def _microseconds(process: _Processor) -> Callable[[Any], Any]:
     """A time column's JSON value: the bound (aware UTC) time in epoch microseconds."""
 
     def to_json(value: Any) -> Any:
-        if process is not None:
+        # Records hold aware UTC times, which the bind processor returns as they are:
+        # only another time goes through it (converted, or refused when naive).
+        if process is not None and value.tzinfo is not UTC:
             value = process(value)
         return (value - _EPOCH) // _MICROSECOND
 
@@ -142,7 +146,7 @@ class _Shape:
         for values in out:
             for key, process in processors:
                 value = values[key]
-                if value is not None:
+                if value is not None and type(value) is not EncodedJSON:
                     values[key] = process(value)
         return out
 
@@ -164,8 +168,9 @@ class _Shape:
                     for i, value in zip(slots, found, strict=True):
                         values[i] = value
             for i, process in processors:
-                if values[i] is not None:
-                    values[i] = process(values[i])
+                value = values[i]
+                if value is not None and type(value) is not EncodedJSON:
+                    values[i] = process(value)
             if self.positional:
                 out.append(tuple(values))
             else:
