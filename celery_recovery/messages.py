@@ -23,6 +23,34 @@ from celery_recovery.store import EncodedJSON
 #: Largest encoded argument payload kept for re-publishing, in bytes.
 MAX_RECORDED_PAYLOAD = 1024 * 1024
 
+#: Headers Celery sets itself on every publish; everything else is the user's own.
+#: One of these at None says what its absence says (a republish reads them with
+#: ``get()`` and leaves out options at None), so a record leaves it out: about a
+#: third of a usual message's headers, encoded, sent and stored for every task.  A
+#: custom header at None is kept (the task reads it from its request).
+PROTOCOL_HEADERS = frozenset(
+    {
+        "lang",
+        "task",
+        "id",
+        "shadow",
+        "eta",
+        "expires",
+        "group",
+        "group_index",
+        "retries",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+    }
+)
 #: Headers that are columns of their own, or are rebuilt when the task is published again.
 _HEADERS_NOT_KEPT = frozenset(
     {
@@ -192,7 +220,11 @@ def record_from_capture(capture: PublishCapture) -> dict[str, Any]:
     (task_id, name, retries, payload, reason, headers, exchange, routing_key, queue, priority,
      published) = capture  # fmt: skip
     kept_headers, header_reason = encode_json(
-        {k: v for k, v in headers.items() if k not in _HEADERS_NOT_KEPT}
+        {
+            k: v
+            for k, v in headers.items()
+            if k not in _HEADERS_NOT_KEPT and (v is not None or k not in PROTOCOL_HEADERS)
+        }
     )
     why = f"arguments are {reason}" if reason else None
     if why is None and header_reason:

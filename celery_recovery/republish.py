@@ -14,31 +14,7 @@ from typing import Any
 from celery import Celery
 
 from celery_recovery.core.timeutils import as_utc, utcnow
-
-#: Headers Celery sets itself on every publish; everything else is the user's own.
-_PROTOCOL_HEADERS = frozenset(
-    {
-        "lang",
-        "task",
-        "id",
-        "shadow",
-        "eta",
-        "expires",
-        "group",
-        "group_index",
-        "retries",
-        "timelimit",
-        "root_id",
-        "parent_id",
-        "argsrepr",
-        "kwargsrepr",
-        "origin",
-        "ignore_result",
-        "replaced_task_nesting",
-        "stamped_headers",
-        "stamps",
-    }
-)
+from celery_recovery.messages import PROTOCOL_HEADERS
 
 #: Header our publish handler stamps; a republish gets a fresh one.
 PUBLISHED_AT_HEADER = "recovery_published_at"
@@ -53,7 +29,7 @@ def republish(app: Celery, record: Mapping[str, Any], try_number: int) -> Any:
     custom = {
         k: v
         for k, v in headers.items()
-        if k not in _PROTOCOL_HEADERS and k not in (PUBLISHED_AT_HEADER, RESERVED_AT_HEADER)
+        if k not in PROTOCOL_HEADERS and k not in (PUBLISHED_AT_HEADER, RESERVED_AT_HEADER)
     }
     timelimit = headers.get("timelimit") or (None, None)
     eta = as_utc(record.get("eta"))

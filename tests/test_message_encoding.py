@@ -20,6 +20,7 @@ from kombu.utils.json import loads as kombu_loads
 
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import capture_publish, encode_json, record_from_capture
+from celery_recovery.republish import republish
 
 
 class _Reduced:
@@ -106,3 +107,51 @@ def test_a_published_record_keeps_arguments_whatever_their_container() -> None:
         "embed": {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
     }
     assert kombu_loads(empty["headers"]) == {"lang": "py", "root_id": "t1"}
+
+
+def test_celery_headers_at_none_are_left_out_and_the_task_republishes_the_same() -> None:
+    # None says what a missing header says to a republish; a custom header at None is
+    # the user's own and is kept (the task reads it from its request).
+    headers = {
+        "id": "t1",
+        "task": "app.add",
+        "retries": 0,
+        "lang": "py",
+        "root_id": "r1",
+        "parent_id": None,
+        "group": None,
+        "group_index": None,
+        "shadow": None,
+        "stamped_headers": None,
+        "timelimit": [None, None],
+        "custom": None,
+        "tenant": "a",
+    }
+    body = ((1,), {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    capture = capture_publish(headers, body, "", "celery", None, None, utcnow().timestamp())
+    assert capture is not None
+    record = record_from_capture(capture)
+    stored = kombu_loads(record["headers"])
+    assert stored == {
+        "lang": "py",
+        "root_id": "r1",
+        "timelimit": [None, None],
+        "custom": None,
+        "tenant": "a",
+    }
+    full = {k: v for k, v in headers.items() if k not in ("id", "task", "retries")}
+    sent = [_republished({**record, "headers": stored}), _republished({**record, "headers": full})]
+    assert sent[0] == sent[1]
+    assert sent[0]["headers"] == {"custom": None, "tenant": "a"}
+
+
+def _republished(record: dict[str, Any]) -> dict[str, Any]:
+    sent: dict[str, Any] = {}
+
+    class _App:
+        def send_task(self, name: str, **options: Any) -> None:
+            sent.update(options, name=name)
+
+    decoded = {key: kombu_loads(record[key]) for key in ("args", "kwargs", "options")}
+    republish(_App(), {**record, **decoded}, 2)  # type: ignore[arg-type]
+    return sent
