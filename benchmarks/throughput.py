@@ -15,7 +15,8 @@ gave up or lost a core (context switches per task).  With ``--handlers`` it
 also reports the CPU of celery-recovery's own code where it runs: each hot-path
 signal handler and each side's writer threads, in microseconds per task
 (``benchmarks/handler_cpu.py``).  Prints JSON; the ratios are medians of the
-rounds, and so is ``added_cpu_share``: the CPU per task a round adds (worker,
+rounds (with ``ratio_ci95``, a bootstrap interval of that median, once there are
+three rounds or more), and so is ``added_cpu_share``: the CPU per task a round adds (worker,
 publisher, PostgreSQL server) over plain Celery's own in the same cycle, as a
 share of it (in rounds of 3,000 tasks and more the rate ratio is about
 ``1 / (1 + share)``).
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -381,6 +383,19 @@ def added_cpu_share(run: dict[str, Any], plain: dict[str, Any]) -> float:
     return (spent + run.get("server_cpu_ms_per_task", 0.0) - base) / base
 
 
+def median_interval(values: list[float], resamples: int = 2000) -> list[float] | None:
+    """A 95 % bootstrap interval of the median of ``values`` (the rounds' ratios): how
+    far the median could move between runs of the same code on the same machine,
+    which says whether a target above or below it is met or only touched."""
+    if len(values) < 3:
+        return None
+    draw = random.Random(0)  # the same rounds give the same interval
+    medians = sorted(
+        statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples)
+    )
+    return [round(medians[int(0.025 * resamples)], 3), round(medians[int(0.975 * resamples)], 3)]
+
+
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if key in r]
     return round(statistics.median(values), 3) if values else None
@@ -446,6 +461,8 @@ def main() -> None:
             # Ratio of each round to the plain round of the same cycle, then the median.
             ratios = [r / p["rate"] for r, p in zip(rates, rounds["plain"], strict=True)]
             summary["ratio"] = round(statistics.median(ratios), 3)
+            summary["rounds_ratio"] = [round(r, 3) for r in ratios]
+            summary["ratio_ci95"] = median_interval(ratios)
             summary["ratio_of_medians"] = round(statistics.median(rates) / plain_rate, 3)
             summary["added_cpu_share"] = round(
                 statistics.median(
