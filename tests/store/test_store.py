@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -13,8 +14,8 @@ from sqlalchemy import inspect
 from celery_recovery import JobState, JobType, TaskState
 from celery_recovery.core.records import Transition
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import AWAITING_PUBLISHER
-from celery_recovery.store import Store
+from celery_recovery.messages import AWAITING_PUBLISHER, capture_publish, record_from_capture
+from celery_recovery.store import Store, precompiled
 from celery_recovery.store.migrate import VERSION_TABLE, current_revision, head_revision
 from celery_recovery.store.schema import metadata
 
@@ -297,3 +298,34 @@ def test_timestamps_come_back_as_aware_utc(store):
         store.tries.apply_writes(
             [("queued", queued("t2", queued_at=utcnow().replace(tzinfo=None)))]
         )
+
+
+@pytest.mark.parametrize("encoder", ["orjson", "standard library"])
+def test_a_batch_of_published_records_reads_back_as_written_with_either_encoder(
+    store, monkeypatch, encoder
+):
+    # On PostgreSQL a batch travels as one JSON array (orjson when installed, else the
+    # standard library's encoder): the payloads in it are JSON text to escape again.
+    if encoder == "orjson":
+        pytest.importorskip("orjson", reason="the postgres extra installs orjson on CPython")
+    else:
+        monkeypatch.setattr(precompiled, "_orjson_dumps", None)
+    args = ["naïve — ✓ 漢字", 'quote " and \\ and \n', uuid.UUID(int=7), 2**62, None, True]
+    kwargs = {"when": datetime(2026, 12, 3, 7, 0, 0, 1, tzinfo=timezone(timedelta(hours=2)))}
+    eta = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
+    headers = {"id": "", "task": "proj.add", "retries": 0, "lang": "py", "x-tenant": "é\t\\"}
+    body = (args, kwargs, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    records = []
+    for n in range(3):
+        headers = {**headers, "id": f"batch-{n}", "eta": eta.isoformat()}
+        capture = capture_publish(headers, body, "", "celery", None, {"priority": 3}, 1.5e9 + n)
+        assert capture is not None
+        records.append(record_from_capture(capture))
+    store.tries.apply_writes([("queued", record) for record in records])
+    for n in range(3):
+        (row,) = store.tries.history(f"batch-{n}")
+        assert row["args"] == args and row["kwargs"] == kwargs
+        assert row["headers"] == {"lang": "py", "x-tenant": "é\t\\"}
+        assert row["eta"] == eta and row["priority"] == 3
+        assert row["queued_at"] == datetime.fromtimestamp(1.5e9 + n, UTC)
+        assert row["republishable"] and row["state"] == TaskState.QUEUED
