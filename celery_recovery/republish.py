@@ -48,6 +48,8 @@ def republish(app: Celery, record: Mapping[str, Any], try_number: int) -> Any:
         "root_id": headers.get("root_id"),
         "parent_id": headers.get("parent_id"),
         "shadow": headers.get("shadow"),
+        # As the caller published it (apply_async(ignore_result=True) stores no result).
+        "ignore_result": headers.get("ignore_result"),
         "time_limit": timelimit[0],
         "soft_time_limit": timelimit[1],
         "priority": record.get("priority"),

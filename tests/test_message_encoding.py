@@ -124,6 +124,7 @@ def test_celery_headers_at_none_are_left_out_and_the_task_republishes_the_same()
         "shadow": None,
         "stamped_headers": None,
         "timelimit": [None, None],
+        "ignore_result": True,
         "custom": None,
         "tenant": "a",
     }
@@ -136,6 +137,7 @@ def test_celery_headers_at_none_are_left_out_and_the_task_republishes_the_same()
         "lang": "py",
         "root_id": "r1",
         "timelimit": [None, None],
+        "ignore_result": True,
         "custom": None,
         "tenant": "a",
     }
@@ -143,6 +145,7 @@ def test_celery_headers_at_none_are_left_out_and_the_task_republishes_the_same()
     sent = [_republished({**record, "headers": stored}), _republished({**record, "headers": full})]
     assert sent[0] == sent[1]
     assert sent[0]["headers"] == {"custom": None, "tenant": "a"}
+    assert sent[0]["ignore_result"] is True  # as the caller published it
 
 
 def _republished(record: dict[str, Any]) -> dict[str, Any]:
