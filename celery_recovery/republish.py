@@ -2,8 +2,8 @@
 
 This follows Celery's own retry convention: same task id, ``retries`` one
 higher, the original queue or exchange and routing key, priority, ETA (while
-it is still ahead), linked callbacks, chain, chord and custom headers.  The
-arguments come from the record's JSON; nothing is unpickled.
+it is still ahead), linked callbacks, chain, chord, ``ignore_result`` and custom
+headers.  The arguments come from the record's JSON; nothing is unpickled.
 """
 
 from __future__ import annotations
