@@ -38,7 +38,7 @@ from celery_recovery.store.schema import EncodedJSON, UTCDateTime
 _orjson_dumps: Callable[..., bytes] | None
 try:  # the postgres extra brings it on CPython
     from orjson import dumps as _orjson_dumps
-except ImportError:  # pragma: no cover - the tests take this path by monkeypatching
+except ImportError:  # PyPy, or no postgres extra; tests set _orjson_dumps to None
     _orjson_dumps = None
 
 _Processor = Callable[[Any], Any] | None
