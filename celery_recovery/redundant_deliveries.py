@@ -153,7 +153,7 @@ def was_dropped(task_id: str, forget: bool = True) -> bool:
     """True when this thread dropped the delivery of ``task_id``."""
     if forget:
         return _dropped.take(task_id)
-    return _dropped.task_id is not None and _dropped.task_id == task_id
+    return _dropped.task_id == task_id
 
 
 @dataclass(frozen=True)

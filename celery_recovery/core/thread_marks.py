@@ -20,7 +20,7 @@ class TaskIdMark(threading.local):
 
     def take(self, task_id: str) -> bool:
         """True (once) when ``task_id`` is the marked task; the mark is cleared."""
-        if self.task_id is None or self.task_id != task_id:
+        if self.task_id != task_id:
             return False
         self.task_id = None
         return True
