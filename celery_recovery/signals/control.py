@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -70,11 +71,17 @@ def _purge_rows(control: Any, *_: Any, **__: Any) -> list[dict[str, Any]]:
 
 
 def _wrap_purge_command() -> None:
-    """``celery purge`` empties queues through the connection, not the control object."""
-    try:
-        from celery.bin.purge import purge as command
-    except ImportError:  # pragma: no cover - Celery without its command line
+    """``celery purge`` empties queues through the connection, not the control object.
+
+    Only where Celery's command line is loaded: ``celery -A app purge`` imports its
+    commands before it loads the app (and so installs this).  Importing it here
+    would bring Click, Pygments and Celery's commands (about 10,000 objects) into
+    every process that publishes tasks, for a command it never runs.
+    """
+    command_module = sys.modules.get("celery.bin.purge")
+    if command_module is None:
         return
+    command = command_module.purge
     original = command.callback
     if original is None or getattr(original, _WRAPPED, False):
         return

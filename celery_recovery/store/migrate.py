@@ -3,6 +3,12 @@
 ``celery-recovery db upgrade`` applies them; on SQLite they are also applied
 automatically the first time a process uses the store (under a file lock, so
 the children of a prefork worker starting together do not race).
+
+Alembic is imported only to migrate.  Every process that records tasks
+checks the store's revision once, which is one ``SELECT``; importing Alembic
+for it (with Mako and Pygments) would add about 110 modules and 20,000
+objects to every worker, pool process and publisher, and each full pass of
+the garbage collector walks them all.
 """
 
 from __future__ import annotations
@@ -12,21 +18,28 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from sqlalchemy import column, inspect, select, table
 from sqlalchemy.engine import Connection, Engine
 
 from celery_recovery.core.errors import StoreSchemaError
 from celery_recovery.core.urls import mask_url
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "recovery_alembic_version"
+#: The newest revision in ``migrations/versions`` (a test keeps the two the same).
+HEAD_REVISION = "0011"
+
+_VERSION = table(VERSION_TABLE, column("version_num"))
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if connection is not None:
@@ -35,22 +48,37 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 def head_revision() -> str:
-    """The newest revision this package ships."""
+    """The newest revision this package ships, as Alembic reads it from the scripts."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
 
 
 def current_revision(engine: Engine) -> str | None:
-    """The revision the store at ``engine`` is at, or ``None`` when it has no schema."""
+    """The revision the store at ``engine`` is at, or ``None`` when it has no schema.
+
+    Read as Alembic stores it (one row in the version table; the revisions form
+    one line, so there is never more than one head).
+    """
     with engine.connect() as conn:
-        return MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE}
-        ).get_current_revision()
+        if not inspect(conn).has_table(VERSION_TABLE):
+            return None
+        revisions = conn.execute(select(_VERSION.c.version_num)).scalars().all()
+    if len(revisions) > 1:
+        raise StoreSchemaError(
+            f"the store at {mask_url(engine.url)} records several schema revisions "
+            f"({', '.join(sorted(revisions))}) in {VERSION_TABLE}; this package's "
+            "revisions form one line: keep the newest and run `celery-recovery db upgrade`"
+        )
+    return revisions[0] if revisions else None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the store's schema up to ``revision``."""
+    from alembic import command
+
     with _migration_lock(engine), engine.begin() as conn:
         command.upgrade(alembic_config(conn), revision)
 
@@ -61,7 +89,7 @@ def ensure_schema(engine: Engine) -> None:
     Raises :class:`StoreSchemaError` when a PostgreSQL store is not at the
     head revision, with the command that fixes it.
     """
-    head = head_revision()
+    head = HEAD_REVISION
     current = current_revision(engine)
     if current == head:
         return
