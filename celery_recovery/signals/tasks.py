@@ -190,7 +190,7 @@ def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
             return True  # failed for good instead
     else:
         runtime.record_start(record)
-    _started_at()[task_id] = time.monotonic()
+    _runs.started[task_id] = time.monotonic()
     return False
 
 
@@ -269,7 +269,7 @@ def on_postrun(
     if was_dropped(task_id):
         return  # a dropped delivery: the try's record belongs to the run that was not dropped
     if was_deferred(task_id) or was_postponed(task_id):
-        _started_at().pop(task_id, None)
+        _runs.started.pop(task_id, None)
         return  # the try was already moved to deferred, or back to queued
     if state == celery_states.REJECTED and getattr(retval, "requeue", False):
         _requeued(context, task, task_id, "rejected with requeue=True: back in the queue")
@@ -299,7 +299,7 @@ def on_postrun(
     try_number = try_number_of(request)
     runtime = context.runtime
     runtime.writer.finish(task_id, try_number, values)
-    started = _started_at().pop(task_id, None)
+    started = _runs.started.pop(task_id, None)
     if started is not None and time.monotonic() - started >= context.settings.zombie_threshold:
         # Long enough to have been declared dead meanwhile (a pause, a partition): if a
         # sweep recovered this try, keep what it finally did beside the recovery.
@@ -314,7 +314,7 @@ def _requeued(context: Any, task: Any, task_id: str, reason: str) -> None:
     redelivery look redundant and be dropped); a message that is gone is sent again
     by the lost-message sweep after ``recovery_queued_timeout``.
     """
-    _started_at().pop(task_id, None)
+    _runs.started.pop(task_id, None)
     _take_aside(task_id)
     now = utcnow()
     context.runtime.write(
@@ -374,11 +374,7 @@ def on_revoked(
 
 def _runs_here(task_id: str) -> bool:
     """Whether this thread started ``task_id``'s body (else it is the worker's main process)."""
-    return task_id in _started_at()
-
-
-def _started_at() -> dict[str, float]:
-    return _runs.started
+    return task_id in _runs.started
 
 
 def _set_aside(task_id: str, text: str | None) -> None:
