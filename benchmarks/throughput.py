@@ -10,11 +10,17 @@ Wall-clock rates depend on whatever else the machine runs, so each round also
 reports load-independent figures: CPU per task of the worker's processes (and
 of its main process alone) and of the publisher, and on PostgreSQL the
 server's CPU per task (its backends' CPU in ``/proc``), rows and commits per
-task and the share of updates that were HOT, and how often each side's threads
-gave up or lost a core (context switches per task).  With ``--handlers`` it
+task and the share of updates that were HOT, the publisher's CPU while it
+publishes (``publish_loop_cpu_ms_per_task``, before it waits for results),
+and how often each side's threads gave up or lost a core (context switches
+per task).  With ``--handlers`` it
 also reports the CPU of celery-recovery's own code where it runs: each hot-path
 signal handler and each side's writer threads, in microseconds per task
-(``benchmarks/handler_cpu.py``).  Prints JSON; the ratios are medians of the
+(``benchmarks/handler_cpu.py``).  With ``--without hooks`` or ``--without
+writes`` celery-recovery's rounds run with one part switched off (see
+``bench_app.py``), which splits what it adds into what being installed costs,
+what recording each task costs in the processes, and what the store's writes
+cost.  Prints JSON; the ratios are medians of the
 rounds (with ``ratio_ci95``, a bootstrap interval of that median, once there are
 three rounds or more), and so is ``added_cpu_share``: the CPU per task a round adds (worker,
 publisher, PostgreSQL server) over plain Celery's own in the same cycle, as a
@@ -23,6 +29,7 @@ share of it (in rounds of 3,000 tasks and more the rate ratio is about
 
     python benchmarks/throughput.py --tasks 3000 --rounds 5 --stores postgres,sqlite
     python benchmarks/throughput.py --tasks 6000 --rounds 2 --handlers
+    python benchmarks/throughput.py --tasks 3000 --rounds 15 --stores postgres --without writes
 
 Redis databases: ``RECOVERY_BENCH_REDIS_DB`` (broker) and the next one (backend).
 """
@@ -304,6 +311,8 @@ def publish(tasks: int) -> None:
 
     store = os.environ["BENCH_STORE"]
     store_url = os.environ.get("CELERY_RECOVERY_DATABASE_URL")
+    # With hooks or writes switched off the store never holds the round's records.
+    recorded = not os.environ.get("BENCH_WITHOUT")
     worker_pgid = int(os.environ["BENCH_WORKER_PGID"])
     # Wait until the worker answers so its start-up is not timed.
     deadline = time.monotonic() + 60
@@ -314,8 +323,9 @@ def publish(tasks: int) -> None:
     done_before = 0
     if store_url is not None:
         bench_app.recovery.runtime.writer.flush()
-        done_before = _finished(store_url)
-        _wait_finished(store_url, done_before)
+        if recorded:
+            done_before = _finished(store_url)
+            _wait_finished(store_url, done_before)
     workers = group_pids(worker_pgid)
     servers = server_pids(store_url) if store == "postgres" and store_url else []
     cpu = {
@@ -334,6 +344,8 @@ def publish(tasks: int) -> None:
     load = os.getloadavg()[0]
     start = time.perf_counter()
     results = ResultSet([bench_app.noop.delay(i) for i in range(tasks)])
+    published_cpu = time.process_time() - cpu["publisher"]
+    published_s = time.perf_counter() - start
     results.join_native(timeout=600)
     elapsed = time.perf_counter() - start
     publisher_cpu = time.process_time() - cpu["publisher"]
@@ -341,7 +353,8 @@ def publish(tasks: int) -> None:
         # The records are part of the work: count their CPU until they are all written.
         bench_app.recovery.runtime.writer.flush()
         publisher_cpu = time.process_time() - cpu["publisher"]
-        _wait_finished(store_url, done_before + tasks)
+        if recorded:
+            _wait_finished(store_url, done_before + tasks)
     worker_cpu = process_cpu(workers) - cpu["worker"]
     main_cpu = process_cpu([worker_pgid]) - cpu["worker_main"]
     server_cpu = 0.0
@@ -361,6 +374,8 @@ def publish(tasks: int) -> None:
                 "worker_main_cpu_ms_per_task": round(main_cpu * per_task, 3),
                 "publisher_cpu_ms_per_task": round(publisher_cpu * per_task, 3),
                 "server_cpu_ms_per_task": round(server_cpu * per_task, 3),
+                "publish_loop_cpu_ms_per_task": round(published_cpu * per_task, 3),
+                "publish_loop_s": round(published_s, 3),
                 **{
                     f"{who}_switches_per_task": round(count / tasks, 2)
                     for who, count in switched.items()
@@ -416,10 +431,18 @@ def main() -> None:
         action="store_true",
         help="also the CPU per task of each handler and writer thread, in place",
     )
+    parser.add_argument(
+        "--without",
+        choices=("hooks", "writes"),
+        help="switch one part off in celery-recovery's rounds, to tell what it costs: "
+        "hooks (installed, but no task recorded) or writes (recorded, never sent to the store)",
+    )
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.acks_late:
         os.environ["BENCH_ACKS_LATE"] = "1"
+    if args.without:
+        os.environ["BENCH_WITHOUT"] = args.without
     if args.publish is not None:
         publish(args.publish)
         return
@@ -449,6 +472,7 @@ def main() -> None:
         "tasks": args.tasks,
         "rounds": args.rounds,
         "acks_late": args.acks_late,
+        "without": args.without,
     }
     for kind, runs in rounds.items():
         rates = [r["rate"] for r in runs]
@@ -481,6 +505,8 @@ def main() -> None:
             "worker_main_switches_per_task",
             "pool_switches_per_task",
             "publisher_switches_per_task",
+            "publish_loop_cpu_ms_per_task",
+            "publish_loop_s",
         ):
             value = _median(runs, key)
             if value is not None and (kind == "postgres" or key.split("_")[0] != "server"):
