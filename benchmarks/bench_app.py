@@ -46,14 +46,10 @@ if os.environ.get("BENCH_PLAIN") != "1":
     recovery = Recovery(app)
     if WITHOUT == "hooks":
         from celery import signals
+        from handler_cpu import HANDLERS  # the per-task handlers, as --handlers measures them
 
-        for signal, handler in (
-            (signals.before_task_publish, "publish.before"),
-            (signals.after_task_publish, "publish.after"),
-            (signals.task_received, "reservations.received"),
-            (signals.task_postrun, "tasks.postrun"),
-        ):
-            signal.disconnect(dispatch_uid=f"celery_recovery.signals.{handler}")
+        for signal_name, module_name, _handler, suffix in HANDLERS:
+            getattr(signals, signal_name).disconnect(dispatch_uid=module_name + suffix)
     if os.environ.get("BENCH_HANDLER_CPU"):
         # Measure celery-recovery's own code where it runs (throughput.py --handlers).
         from handler_cpu import install
