@@ -114,7 +114,7 @@ def run_role(
     from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.core.states import JobType, TaskState
     from celery_recovery.core.timeutils import utcnow
-    from celery_recovery.messages import capture_publish, record_from_capture, record_from_request
+    from celery_recovery.messages import capture_publish, claim_from_request, record_from_capture
     from celery_recovery.runtime import ProcessRuntime
     from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
     from celery_recovery.store import Store
@@ -149,7 +149,11 @@ def run_role(
             runtime.write(WriteKind.RESERVED, (task_id, 1, job_id, now))
         else:
             task = SimpleNamespace(name="bench.noop", request=_request(task_id, published))
-            runtime.record_start(record_from_request(task, now, job_id))
+            # As the task classes' before_start claims: the message is added only if the
+            # try has not ended when the writer takes the claim.
+            runtime.record_start(
+                claim_from_request(task, now, job_id, task.request, message_when_written=True)
+            )
             done = utcnow()
             runtime.write(
                 WriteKind.TRANSITION,

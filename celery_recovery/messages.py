@@ -11,11 +11,13 @@ from __future__ import annotations
 import json.encoder
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from kombu.utils.json import JSONEncoder as KombuJSONEncoder
 
 from celery_recovery.core.process_id import current_pid
+from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import as_utc, from_timestamp
 from celery_recovery.store import EncodedJSON
@@ -314,9 +316,18 @@ AWAITING_PUBLISHER = (
 #: sooner carries the message, so the try stays publishable again.
 NARROW_CLAIM_AFTER = 1.0
 
+#: States in which a try is never published again: a claim that already holds one
+#: when it is written needs no message.
+_ENDED_FOR_GOOD = frozenset({TaskState.SUCCESS, TaskState.FAILED})
+
 
 def claim_from_request(
-    task: Any, now: datetime, job_id: str | None, request: Any = None
+    task: Any,
+    now: datetime,
+    job_id: str | None,
+    request: Any = None,
+    *,
+    message_when_written: bool = False,
 ) -> dict[str, Any]:
     """The ``running`` claim of a request a worker is about to execute.
 
@@ -326,16 +337,21 @@ def claim_from_request(
     publisher died or the store is failing), so the claim carries only what
     the worker knows: the message is sent to the store once, by its publisher.
     A narrow claim that still finds no try creates it without its message, not
-    publishable again until the publisher's record lands.  A fresher or
-    unstamped message (a publisher without celery-recovery) is claimed with the
-    whole message.
+    publishable again until the publisher's record lands.  An unstamped message
+    (a publisher without celery-recovery) is claimed with the whole message, and
+    so is a fresher one, unless ``message_when_written``: the claim is then
+    narrow and the write-behind writer adds the message when it writes the claim,
+    only if the try has not ended for good by then (see :func:`_add_message`).
 
     ``request`` is ``task.request``, passed by a caller that already read it.
     """
     if request is None:
         request = task.request
     published = getattr(request, _PUBLISHED_AT, None)
-    if not isinstance(published, int | float) or now.timestamp() - published < NARROW_CLAIM_AFTER:
+    if not isinstance(published, int | float):
+        return record_from_request(task, now, job_id, request)
+    fresh = now.timestamp() - published < NARROW_CLAIM_AFTER
+    if fresh and not message_when_written:
         return record_from_request(task, now, job_id, request)
     record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
     record.update(
@@ -348,7 +364,47 @@ def claim_from_request(
         republishable=False,
         republish_error=AWAITING_PUBLISHER,
     )
+    if fresh:
+        record[COMPLETE_WHEN_WRITTEN] = partial(_add_message, task, request, now, job_id)
     return record
+
+
+#: What a claim made from the whole message holds beyond a narrow claim.
+_MESSAGE_FIELDS = (
+    "queue",
+    "exchange",
+    "routing_key",
+    "priority",
+    "headers",
+    "eta",
+    "expires",
+    "args",
+    "kwargs",
+    "options",
+    "republishable",
+    "republish_error",
+)
+
+
+def _add_message(
+    task: Any, request: Any, now: datetime, job_id: str | None, claim: dict[str, Any]
+) -> None:
+    """Give a fresh delivery's narrow claim its message, as the writer's thread takes it.
+
+    Most tasks have ended by then (their outcome is folded into the claim): a try
+    that succeeded or failed is never published again, so its row needs no message
+    and none is encoded, sent or parsed; its publisher's record brings it.  A try
+    still running (or sent back to the queue) keeps what it needs to be published
+    again should its process and its publisher's buffered record both be lost.  The
+    arguments are then read while the body may run: a body that changes an
+    argument's contents in place within the claim interval (20 ms) leaves that
+    change in this copy, which only a republish after both losses would use.
+    """
+    if claim["state"] in _ENDED_FOR_GOOD:
+        return
+    whole = record_from_request(task, now, job_id, request)
+    for field in _MESSAGE_FIELDS:
+        claim[field] = whole.get(field)
 
 
 def try_number_of(request: Any) -> int:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
-from celery_recovery.core.records import Transition, WriteKind
+from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.health import StoreHealth
 
@@ -284,7 +284,8 @@ class WriteBehindWriter:
 
 
 def _resolved(batch: list[Write]) -> list[Write]:
-    """The batch as it is written: built writes built, or dropped if no longer needed."""
+    """The batch as it is written: built writes built, or dropped if no longer needed;
+    claims completed (:data:`~celery_recovery.core.records.COMPLETE_WHEN_WRITTEN`)."""
     kept: list[Write] = []
     for kind, item in batch:
         if isinstance(item, _Built):
@@ -295,5 +296,14 @@ def _resolved(batch: list[Write]) -> list[Write]:
                 continue
             if item is None:
                 continue
+        elif kind == WriteKind.RUNNING and COMPLETE_WHEN_WRITTEN in item:
+            complete = item.pop(COMPLETE_WHEN_WRITTEN)
+            try:
+                complete(item)
+            except Exception:
+                # The claim as it stands is still the truth about the run: written.
+                logger.exception(
+                    "celery-recovery: could not complete the claim of %s", item.get("task_id")
+                )
         kept.append((kind, item))
     return kept

@@ -11,6 +11,9 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
+
+from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import AWAITING_PUBLISHER, NARROW_CLAIM_AFTER, claim_from_request
@@ -61,3 +64,40 @@ def test_a_fresh_delivery_carries_its_message_as_its_publisher_may_not_have_writ
 def test_a_message_from_a_publisher_without_celery_recovery_carries_its_message():
     record = claim_from_request(_task(None), utcnow(), "job-a")
     assert record["args"] == "[1, 2]" and record["republishable"] is True
+
+
+def test_a_fresh_delivery_run_in_a_pool_leaves_its_message_for_the_writer_to_decide():
+    record = claim_from_request(_task(time.time()), utcnow(), "job-a", message_when_written=True)
+    assert "args" not in record and record["republishable"] is False
+    complete = record.pop(COMPLETE_WHEN_WRITTEN)
+    still_running = dict(record)
+    complete(still_running)
+    assert still_running["args"] == "[1, 2]" and still_running["kwargs"] == '{"k": "v"}'
+    assert still_running["republishable"] is True and still_running["republish_error"] is None
+    assert still_running["state"] == TaskState.RUNNING and still_running["job_id"] == "job-a"
+
+
+@pytest.mark.parametrize("ended", [TaskState.SUCCESS, TaskState.FAILED])
+def test_a_try_that_ended_for_good_before_its_claim_is_written_gets_no_message(ended):
+    record = claim_from_request(_task(time.time()), utcnow(), "job-a", message_when_written=True)
+    complete = record.pop(COMPLETE_WHEN_WRITTEN)
+    record["state"] = ended
+    complete(record)
+    assert "args" not in record and record["republish_error"] == AWAITING_PUBLISHER
+
+
+@pytest.mark.parametrize("state", [TaskState.QUEUED, TaskState.UP_FOR_RETRY])
+def test_a_try_that_may_be_published_again_gets_its_message_when_written(state):
+    record = claim_from_request(_task(time.time()), utcnow(), "job-a", message_when_written=True)
+    complete = record.pop(COMPLETE_WHEN_WRITTEN)
+    record["state"] = state
+    complete(record)
+    assert record["args"] == "[1, 2]" and record["republishable"] is True
+
+
+def test_an_old_or_unstamped_delivery_is_decided_at_once_whatever_the_caller_asks():
+    old = _task(time.time() - NARROW_CLAIM_AFTER - 1)
+    record = claim_from_request(old, utcnow(), "job-a", message_when_written=True)
+    assert COMPLETE_WHEN_WRITTEN not in record and "args" not in record
+    record = claim_from_request(_task(None), utcnow(), "job-a", message_when_written=True)
+    assert COMPLETE_WHEN_WRITTEN not in record and record["args"] == "[1, 2]"

@@ -57,6 +57,13 @@ class WriteKind(StrEnum):
     RESERVED = "reserved"  # a message a worker received: (task_id, try, job_id, at)
 
 
+#: Key of a ``running`` claim (a dict) that is completed when its batch is taken: the
+#: writer's thread pops the callable stored there and calls it with the claim, which
+#: by then holds the try's outcome if the task ended meanwhile (see
+#: :func:`celery_recovery.messages.claim_from_request`).
+COMPLETE_WHEN_WRITTEN = "_complete_when_written"
+
+
 class SweepOutcome(StrEnum):
     """What a sweep did with one try."""
 

@@ -183,13 +183,16 @@ def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
     if drops and drop_if_redundant(context, task, task_id, request):
         return True
     runtime = context.runtime
-    record = claim_from_request(task, utcnow(), runtime.job_id, request)
     if task.acks_late:
-        # Its message comes back when this process dies: count the deaths.
+        # Its message comes back when this process dies: count the deaths (the claim is
+        # written now, so it carries its message now when it needs one).
+        record = claim_from_request(task, utcnow(), runtime.job_id, request)
         if claim_counting_deaths(context, task, record):
             return True  # failed for good instead
     else:
-        runtime.record_start(record)
+        runtime.record_start(
+            claim_from_request(task, utcnow(), runtime.job_id, request, message_when_written=True)
+        )
     _runs.started[task_id] = time.monotonic()
     return False
 
