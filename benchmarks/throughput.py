@@ -27,9 +27,19 @@ publisher, PostgreSQL server) over plain Celery's own in the same cycle, as a
 share of it (in rounds of 3,000 tasks and more the rate ratio is about
 ``1 / (1 + share)``).
 
+With ``--baseline DIR`` (another checkout of celery-recovery, e.g. a ``git
+worktree`` of the commit before a change) each store also runs with that
+code, in the same rotation, on its own empty store: each variant then also
+reports ``vs_baseline``, the median over the cycles of its rate over the
+baseline's rate in the same cycle, with its interval.  Neighbouring rounds
+share the machine's state of the moment, so this pairs out most of the drift
+that makes two separate runs on a busy machine disagree by 0.05 or more.  The
+two checkouts must use the same schema revision.
+
     python benchmarks/throughput.py --tasks 3000 --rounds 5 --stores postgres,sqlite
     python benchmarks/throughput.py --tasks 6000 --rounds 2 --handlers
     python benchmarks/throughput.py --tasks 3000 --rounds 15 --stores postgres --without writes
+    python benchmarks/throughput.py --tasks 3000 --rounds 15 --stores postgres --baseline ../before
 
 Redis databases: ``RECOVERY_BENCH_REDIS_DB`` (broker) and the next one (backend).
 """
@@ -200,10 +210,14 @@ def wait_for_backends_to_leave(store_url: str, timeout: float = 30.0) -> None:
 # -- one round -----------------------------------------------------------------
 
 
-def round_env(store: str, store_url: str | None, queue: str) -> dict[str, str]:
+#: Marks a variant that runs the ``--baseline`` checkout's code: ``postgres@baseline``.
+BASELINE = "@baseline"
+
+
+def round_env(store: str, store_url: str | None, queue: str, root: Path = ROOT) -> dict[str, str]:
     env = {
         **os.environ,
-        "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}",
+        "PYTHONPATH": f"{root / 'benchmarks'}{os.pathsep}{root}",
         "BENCH_PLAIN": "1" if store == "plain" else "0",
         "BENCH_QUEUE": queue,
         "BENCH_BROKER": BROKER,
@@ -217,10 +231,12 @@ def round_env(store: str, store_url: str | None, queue: str) -> dict[str, str]:
 
 
 def run_round(
-    store: str, tasks: int, store_url: str | None, handlers: bool = False
+    store: str, tasks: int, store_url: str | None, handlers: bool = False, root: Path = ROOT
 ) -> dict[str, Any]:
+    """One round of ``store`` (plain, postgres or sqlite) with the code of the checkout
+    at ``root``."""
     queue = f"bench-{uuid.uuid4().hex[:8]}"
-    env = round_env(store, store_url, queue)
+    env = round_env(store, store_url, queue, root)
     spent = tempfile.TemporaryDirectory(prefix="bench-handlers-") if handlers else None
     if spent is not None and store != "plain":
         env["BENCH_HANDLER_CPU"] = spent.name
@@ -246,7 +262,7 @@ def run_round(
             "--without-gossip",
             "--without-mingle",
         ],
-        cwd=HERE,
+        cwd=root / "benchmarks",
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -256,8 +272,8 @@ def run_round(
     env["BENCH_STORE"] = store
     try:
         out = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--publish", str(tasks)],
-            cwd=HERE,
+            [sys.executable, str(root / "benchmarks" / "throughput.py"), "--publish", str(tasks)],
+            cwd=root / "benchmarks",
             env=env,
             capture_output=True,
             text=True,
@@ -411,6 +427,22 @@ def median_interval(values: list[float], resamples: int = 2000) -> list[float] |
     return [round(medians[int(0.025 * resamples)], 3), round(medians[int(0.975 * resamples)], 3)]
 
 
+def _baseline_root(parser: argparse.ArgumentParser, path: Path | None) -> Path | None:
+    """The ``--baseline`` checkout's root, refused unless it holds this benchmark."""
+    if path is None:
+        return None
+    root = path.resolve()
+    if (
+        not (root / "benchmarks" / "throughput.py").is_file()
+        or not (root / "celery_recovery" / "__init__.py").is_file()
+    ):
+        parser.error(
+            f"--baseline {path}: not a checkout of celery-recovery "
+            "(it needs celery_recovery/ and benchmarks/throughput.py)"
+        )
+    return root
+
+
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if key in r]
     return round(statistics.median(values), 3) if values else None
@@ -437,6 +469,12 @@ def main() -> None:
         help="switch one part off in celery-recovery's rounds, to tell what it costs: "
         "hooks (installed, but no task recorded) or writes (recorded, never sent to the store)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of celery-recovery whose code also runs each store, "
+        "in the same rotation (its rounds are named <store>@baseline)",
+    )
     parser.add_argument("--publish", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.acks_late:
@@ -447,13 +485,20 @@ def main() -> None:
         publish(args.publish)
         return
     stores = [s for s in args.stores.split(",") if s]
-    name = create_database() if "postgres" in stores else None
+    baseline = _baseline_root(parser, args.baseline)
+    codes = [""] if baseline is None else ["", BASELINE]
+    databases: list[str] = []
     scratch = tempfile.TemporaryDirectory(prefix="bench-sqlite-")
     urls: dict[str, str | None] = {"plain": None}
-    if name is not None:
-        urls["postgres"] = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    if "sqlite" in stores:
-        urls["sqlite"] = create_sqlite_store(scratch.name)
+    for code in codes:
+        # Each code on its own empty store: neither finds the other's rows.
+        if "postgres" in stores:
+            databases.append(create_database())
+            urls["postgres" + code] = PG_ADMIN.rsplit("/", 1)[0] + f"/{databases[-1]}"
+        if "sqlite" in stores:
+            directory = Path(scratch.name) / (code.lstrip("@") or "this")
+            directory.mkdir()
+            urls["sqlite" + code] = create_sqlite_store(str(directory))
     rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in urls}
     kinds = list(urls)
     try:
@@ -462,9 +507,11 @@ def main() -> None:
             # whose speed drifts would otherwise favour one).
             order = kinds[index % len(kinds) :] + kinds[: index % len(kinds)]
             for kind in order:
-                rounds[kind].append(run_round(kind, args.tasks, urls[kind], args.handlers))
+                store, _, code = kind.partition("@")
+                root = baseline if code and baseline is not None else ROOT
+                rounds[kind].append(run_round(store, args.tasks, urls[kind], args.handlers, root))
     finally:
-        if name is not None:
+        for name in databases:
             drop_database(name)
         scratch.cleanup()
     plain_rate = statistics.median(r["rate"] for r in rounds["plain"])
@@ -473,6 +520,7 @@ def main() -> None:
         "rounds": args.rounds,
         "acks_late": args.acks_late,
         "without": args.without,
+        "baseline": None if baseline is None else str(baseline),
     }
     for kind, runs in rounds.items():
         rates = [r["rate"] for r in runs]
@@ -488,6 +536,13 @@ def main() -> None:
             summary["rounds_ratio"] = [round(r, 3) for r in ratios]
             summary["ratio_ci95"] = median_interval(ratios)
             summary["ratio_of_medians"] = round(statistics.median(rates) / plain_rate, 3)
+            if baseline is not None and not kind.endswith(BASELINE):
+                # Paired by cycle: this code's round against the baseline's, same store.
+                paired = [r["rate"] for r in rounds[kind + BASELINE]]
+                against = [r / b for r, b in zip(rates, paired, strict=True)]
+                summary["vs_baseline"] = round(statistics.median(against), 3)
+                summary["rounds_vs_baseline"] = [round(r, 3) for r in against]
+                summary["vs_baseline_ci95"] = median_interval(against)
             summary["added_cpu_share"] = round(
                 statistics.median(
                     added_cpu_share(r, p) for r, p in zip(runs, rounds["plain"], strict=True)
@@ -509,7 +564,8 @@ def main() -> None:
             "publish_loop_s",
         ):
             value = _median(runs, key)
-            if value is not None and (kind == "postgres" or key.split("_")[0] != "server"):
+            on_postgres = kind.partition("@")[0] == "postgres"
+            if value is not None and (on_postgres or key.split("_")[0] != "server"):
                 summary[key] = value
         spent = [r["handler_cpu_us_per_task"] for r in runs if "handler_cpu_us_per_task" in r]
         if spent:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 from celery_recovery.signals import control, processes, publish, reservations, tasks
+from celery_recovery.signals.dispatch import PER_TASK_SIGNALS, cache_receivers
 
 _connected = False
 _lock = threading.Lock()
@@ -26,6 +27,8 @@ def connect() -> None:
         processes.connect()
         control.connect()
         reservations.connect()
+        for signal in PER_TASK_SIGNALS:
+            cache_receivers(signal)
         _connected = True
 
 

@@ -5,7 +5,8 @@ only handed to the writer at ``after_task_publish``, so a publish that fails
 (the caller sees the exception) leaves no record to re-send.  The handlers
 run while the caller waits for ``apply_async``, so they only take what must be
 taken then (the arguments, encoded before the caller can change them, and a
-copy of the headers); the writer's thread builds the record.
+copy of the headers); the writer's thread builds the record.  Each catches its
+own errors (:func:`~celery_recovery.signals.guard.handler_failed`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from celery_recovery.context import context_for_task_name
 from celery_recovery.core.records import WriteKind
 from celery_recovery.messages import capture_publish, record_from_capture
 from celery_recovery.republish import PUBLISHED_AT_HEADER
-from celery_recovery.signals.guard import never_raises
+from celery_recovery.signals.guard import handler_failed
 
 _staged = threading.local()
 
 
-@never_raises
 def on_before_publish(
     sender: str | None = None,
     body: Any = None,
@@ -35,6 +35,22 @@ def on_before_publish(
     properties: dict[str, Any] | None = None,
     declare: Any = None,
     **_: Any,
+) -> None:
+    try:
+        _stage(sender, body, exchange, routing_key, headers, properties, declare)
+    except Exception:
+        _staged.capture = None
+        handler_failed("on_before_publish")
+
+
+def _stage(
+    sender: str | None,
+    body: Any,
+    exchange: str | None,
+    routing_key: str | None,
+    headers: dict[str, Any] | None,
+    properties: dict[str, Any] | None,
+    declare: Any,
 ) -> None:
     _staged.capture = None
     if not headers:
@@ -53,15 +69,17 @@ def on_before_publish(
     _staged.capture = (capture, context.runtime.writer)
 
 
-@never_raises
 def on_after_publish(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any):
-    staged = getattr(_staged, "capture", None)
-    if staged is None:
-        return
-    _staged.capture = None
-    capture, writer = staged
-    if headers and headers.get("id") == capture[0]:
-        writer.submit_built(WriteKind.QUEUED, record_from_capture, capture)
+    try:
+        staged = getattr(_staged, "capture", None)
+        if staged is None:
+            return
+        _staged.capture = None
+        capture, writer = staged
+        if headers and headers.get("id") == capture[0]:
+            writer.submit_built(WriteKind.QUEUED, record_from_capture, capture)
+    except Exception:
+        handler_failed("on_after_publish")
 
 
 def connect() -> None:

@@ -34,7 +34,7 @@ from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import from_timestamp
 from celery_recovery.republish import RESERVED_AT_HEADER
-from celery_recovery.signals.guard import never_raises
+from celery_recovery.signals.guard import handler_failed
 
 #: Seconds a prefork worker's main process lets reservations gather before one
 #: commit writes them.  It is the busiest process of the worker (it takes every
@@ -44,8 +44,14 @@ from celery_recovery.signals.guard import never_raises
 MAIN_PROCESS_FLUSH_INTERVAL = 0.2
 
 
-@never_raises
 def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    try:
+        _reserve(sender, request)
+    except Exception:
+        handler_failed("on_received")
+
+
+def _reserve(sender: Any, request: Any) -> None:
     context = context_for_app(getattr(sender, "app", None))
     if context is None or request is None:
         return

@@ -43,7 +43,7 @@ from celery_recovery.deferral import install_resume, note_delivery, was_deferred
 from celery_recovery.messages import claim_from_request, try_number_of
 from celery_recovery.postpone import was_postponed
 from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
-from celery_recovery.signals.guard import never_raises
+from celery_recovery.signals.guard import handler_failed, never_raises
 from celery_recovery.worker_lost import (
     claim_counting_deaths,
     is_lost_process_retry,
@@ -157,7 +157,12 @@ def _hook(cls: Any, drops: bool) -> None:
         runs = _runs
         if runs.delivery != delivery:
             note_delivery(self, request)
-            if start_try(self, task_id, request, drops):
+            try:
+                dropped = start_try(self, task_id, request, drops)
+            except Exception:
+                handler_failed("start_try")
+                dropped = False
+            if dropped:
                 raise Ignore()
             runs.delivery = delivery
             runs.request = request
@@ -169,10 +174,10 @@ def _hook(cls: Any, drops: bool) -> None:
     setattr(cls, _HOOKED, True)
 
 
-@never_raises
 def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
     """Claim the try a delivery starts; True when the delivery is dropped instead (its
     body is skipped): redundant, or an ``acks_late`` try whose runs are used up.
+    Its caller, the hook, catches what it raises.
 
     Runs before every task body: each lookup here is paid per task (see
     benchmarks/hot_path.py), so the request is read once and passed along.
@@ -249,7 +254,6 @@ def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: A
     _set_aside(request.id, f"retry: {reason}"[:MAX_ERROR_LENGTH])
 
 
-@never_raises
 def on_postrun(
     task_id: str | None = None,
     task: Any = None,
@@ -257,6 +261,13 @@ def on_postrun(
     retval: Any = None,
     **_: Any,
 ) -> None:
+    try:
+        _record_outcome(task_id, task, state, retval)
+    except Exception:
+        handler_failed("on_postrun")
+
+
+def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: Any) -> None:
     if task is None or task_id is None:
         return
     runs = _runs
