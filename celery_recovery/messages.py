@@ -258,6 +258,24 @@ def record_from_request(
     ``task.request``, passed by a caller that already read it)."""
     if request is None:
         request = task.request
+    record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
+    record.update(
+        job_id=job_id,
+        worker_hostname=request.hostname,
+        worker_pid=current_pid(),
+        started_at=now,
+    )
+    published = getattr(request, _PUBLISHED_AT, None)
+    if isinstance(published, int | float):
+        # The publisher's queued_at, to the microsecond: when this claim creates the try,
+        # the publisher's later write changes no indexed column (a HOT update).
+        record["queued_at"] = from_timestamp(published)
+    _set_request_message(record, request)
+    return record
+
+
+def _set_request_message(record: dict[str, Any], request: Any) -> None:
+    """Set on ``record`` the message a running request came in: what publishes it again."""
     delivery = request.delivery_info or {}
     payload, reason = _encode_payload(
         request.args,
@@ -279,7 +297,6 @@ def record_from_request(
     routing_key = delivery.get("routing_key")
     exchange = delivery.get("exchange")
     eta, expires = request.eta, request.expires
-    record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
     record.update(
         queue=routing_key if not exchange else None,
         exchange=exchange,
@@ -288,18 +305,8 @@ def record_from_request(
         headers=kept_headers,
         eta=None if eta is None else as_utc(eta),
         expires=None if expires is None else as_utc(expires),
-        job_id=job_id,
-        worker_hostname=request.hostname,
-        worker_pid=current_pid(),
-        started_at=now,
     )
-    published = getattr(request, _PUBLISHED_AT, None)
-    if isinstance(published, int | float):
-        # The publisher's queued_at, to the microsecond: when this claim creates the try,
-        # the publisher's later write changes no indexed column (a HOT update).
-        record["queued_at"] = from_timestamp(published)
     _set_payload(record, payload, reason and f"arguments are {reason}")
-    return record
 
 
 #: Why a try created by a worker's narrow claim cannot be published again (until the
@@ -365,30 +372,11 @@ def claim_from_request(
         republish_error=AWAITING_PUBLISHER,
     )
     if fresh:
-        record[COMPLETE_WHEN_WRITTEN] = partial(_add_message, task, request, now, job_id)
+        record[COMPLETE_WHEN_WRITTEN] = partial(_add_message, request)
     return record
 
 
-#: What a claim made from the whole message holds beyond a narrow claim.
-_MESSAGE_FIELDS = (
-    "queue",
-    "exchange",
-    "routing_key",
-    "priority",
-    "headers",
-    "eta",
-    "expires",
-    "args",
-    "kwargs",
-    "options",
-    "republishable",
-    "republish_error",
-)
-
-
-def _add_message(
-    task: Any, request: Any, now: datetime, job_id: str | None, claim: dict[str, Any]
-) -> None:
+def _add_message(request: Any, claim: dict[str, Any]) -> None:
     """Give a fresh delivery's narrow claim its message, as the writer's thread takes it.
 
     Most tasks have ended by then (their outcome is folded into the claim): a try
@@ -400,11 +388,8 @@ def _add_message(
     argument's contents in place within the claim interval (20 ms) leaves that
     change in this copy, which only a republish after both losses would use.
     """
-    if claim["state"] in _ENDED_FOR_GOOD:
-        return
-    whole = record_from_request(task, now, job_id, request)
-    for field in _MESSAGE_FIELDS:
-        claim[field] = whole.get(field)
+    if claim["state"] not in _ENDED_FOR_GOOD:
+        _set_request_message(claim, request)
 
 
 def try_number_of(request: Any) -> int:
