@@ -19,9 +19,11 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import AWAITING_PUBLISHER, NARROW_CLAIM_AFTER, claim_from_request
 
 
-def _task(published_at: float | None):
+def task_with_request(published_at: float | None, task_id: str = "t1") -> SimpleNamespace:
+    """A task whose ``request`` holds what a pool process's does for ``proj.add(1, 2, k="v")``,
+    stamped by its publisher at ``published_at`` (None: unstamped)."""
     request = SimpleNamespace(
-        id="t1",
+        id=task_id,
         retries=0,
         args=[1, 2],
         kwargs={"k": "v"},
@@ -29,7 +31,7 @@ def _task(published_at: float | None):
         errbacks=None,
         chain=None,
         chord=None,
-        root_id="t1",
+        root_id=task_id,
         parent_id=None,
         group=None,
         group_index=None,
@@ -46,7 +48,7 @@ def _task(published_at: float | None):
 
 
 def test_a_delivery_older_than_the_publishers_flush_is_claimed_without_its_message():
-    task = _task(time.time() - NARROW_CLAIM_AFTER - 1)
+    task = task_with_request(time.time() - NARROW_CLAIM_AFTER - 1)
     record = claim_from_request(task, utcnow(), "job-a")
     assert record["state"] == TaskState.RUNNING and record["job_id"] == "job-a"
     assert "args" not in record and "kwargs" not in record and "headers" not in record
@@ -56,18 +58,20 @@ def test_a_delivery_older_than_the_publishers_flush_is_claimed_without_its_messa
 
 
 def test_a_fresh_delivery_carries_its_message_as_its_publisher_may_not_have_written_it():
-    record = claim_from_request(_task(time.time()), utcnow(), "job-a")
+    record = claim_from_request(task_with_request(time.time()), utcnow(), "job-a")
     assert record["args"] == "[1, 2]" and record["kwargs"] == '{"k": "v"}'
     assert record["republishable"] is True
 
 
 def test_a_message_from_a_publisher_without_celery_recovery_carries_its_message():
-    record = claim_from_request(_task(None), utcnow(), "job-a")
+    record = claim_from_request(task_with_request(None), utcnow(), "job-a")
     assert record["args"] == "[1, 2]" and record["republishable"] is True
 
 
 def test_a_fresh_delivery_run_in_a_pool_leaves_its_message_for_the_writer_to_decide():
-    record = claim_from_request(_task(time.time()), utcnow(), "job-a", message_when_written=True)
+    record = claim_from_request(
+        task_with_request(time.time()), utcnow(), "job-a", message_when_written=True
+    )
     assert "args" not in record and record["republishable"] is False
     complete = record.pop(COMPLETE_WHEN_WRITTEN)
     still_running = dict(record)
@@ -77,27 +81,34 @@ def test_a_fresh_delivery_run_in_a_pool_leaves_its_message_for_the_writer_to_dec
     assert still_running["state"] == TaskState.RUNNING and still_running["job_id"] == "job-a"
 
 
+def _fresh_claim_written_in(state: TaskState) -> dict:
+    """A fresh delivery's claim as the writer writes it, its try by then in ``state``."""
+    record = claim_from_request(
+        task_with_request(time.time()), utcnow(), "job-a", message_when_written=True
+    )
+    complete = record.pop(COMPLETE_WHEN_WRITTEN)
+    record["state"] = state
+    complete(record)
+    return record
+
+
 @pytest.mark.parametrize("ended", [TaskState.SUCCESS, TaskState.FAILED])
 def test_a_try_that_ended_for_good_before_its_claim_is_written_gets_no_message(ended):
-    record = claim_from_request(_task(time.time()), utcnow(), "job-a", message_when_written=True)
-    complete = record.pop(COMPLETE_WHEN_WRITTEN)
-    record["state"] = ended
-    complete(record)
+    record = _fresh_claim_written_in(ended)
     assert "args" not in record and record["republish_error"] == AWAITING_PUBLISHER
 
 
 @pytest.mark.parametrize("state", [TaskState.QUEUED, TaskState.UP_FOR_RETRY])
 def test_a_try_that_may_be_published_again_gets_its_message_when_written(state):
-    record = claim_from_request(_task(time.time()), utcnow(), "job-a", message_when_written=True)
-    complete = record.pop(COMPLETE_WHEN_WRITTEN)
-    record["state"] = state
-    complete(record)
+    record = _fresh_claim_written_in(state)
     assert record["args"] == "[1, 2]" and record["republishable"] is True
 
 
 def test_an_old_or_unstamped_delivery_is_decided_at_once_whatever_the_caller_asks():
-    old = _task(time.time() - NARROW_CLAIM_AFTER - 1)
+    old = task_with_request(time.time() - NARROW_CLAIM_AFTER - 1)
     record = claim_from_request(old, utcnow(), "job-a", message_when_written=True)
     assert COMPLETE_WHEN_WRITTEN not in record and "args" not in record
-    record = claim_from_request(_task(None), utcnow(), "job-a", message_when_written=True)
+    record = claim_from_request(
+        task_with_request(None), utcnow(), "job-a", message_when_written=True
+    )
     assert COMPLETE_WHEN_WRITTEN not in record and record["args"] == "[1, 2]"

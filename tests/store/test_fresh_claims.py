@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from types import SimpleNamespace
 
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
@@ -21,32 +20,12 @@ from celery_recovery.health import StoreHealth
 from celery_recovery.messages import AWAITING_PUBLISHER, claim_from_request
 from celery_recovery.write_behind import WriteBehindWriter
 from tests.store.test_store import queued
+from tests.test_claim_records import task_with_request
 
 
-def _fresh_task(task_id: str, **request_fields):
-    request = SimpleNamespace(
-        id=task_id,
-        retries=0,
-        args=[1, 2],
-        kwargs={"k": "v"},
-        callbacks=None,
-        errbacks=None,
-        chain=None,
-        chord=None,
-        root_id=task_id,
-        parent_id=None,
-        group=None,
-        group_index=None,
-        shadow=None,
-        origin="gen@host",
-        delivery_info={"exchange": "", "routing_key": "celery", "priority": 0},
-        eta=None,
-        expires=None,
-        hostname="celery@host",
-        recovery_published_at=time.time(),
-        **request_fields,
-    )
-    return SimpleNamespace(name="proj.add", request=request)
+def _fresh_task(task_id: str):
+    """A task whose request its publisher stamped just now."""
+    return task_with_request(time.time(), task_id)
 
 
 def _claim(writer: WriteBehindWriter, task) -> str:
