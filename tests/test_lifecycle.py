@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from celery_recovery import JobState, JobType, TaskState
-from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store import Store
-from tests.workers import wait_for
+from tests.workers import flush_publisher, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -21,11 +20,6 @@ def final_tries(store: Store, task_id: str, count: int = 1, timeout: float = 15.
         return tries if len(done) >= count else None
 
     return wait_for(finished, timeout, what=f"{count} finished tries of {task_id}")
-
-
-def flush_publisher(app) -> None:
-    """The publisher's records are written behind; wait for them."""
-    assert recovery_for_app(app).flush(timeout=10)
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo"])
@@ -88,6 +82,7 @@ def test_non_json_arguments_still_run_and_say_they_cannot_be_republished(
     start_worker()
     result = client_app.send_task("lifecycle.describe", (frozenset({1}),), serializer="pickle")
     assert result.get(timeout=15) == "frozenset({1})"
+    flush_publisher(client_app)
     (record,) = final_tries(store, result.id)
     assert record["state"] == TaskState.SUCCESS
     assert record["republishable"] is False

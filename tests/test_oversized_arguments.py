@@ -8,7 +8,7 @@ import pytest
 from celery_recovery import TaskState
 from celery_recovery.messages import MAX_RECORDED_PAYLOAD
 from tests.sweeps.helpers import sweep_until
-from tests.workers import wait_for
+from tests.workers import flush_publisher, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +24,7 @@ def test_a_task_with_10_mb_of_arguments_runs_and_a_sweep_fails_it_with_the_reaso
     # It runs and succeeds; its record says why it cannot be published again.
     done = client_app.send_task("lifecycle.measure", (BLOB,))
     assert done.get(timeout=60) == len(BLOB)
+    flush_publisher(client_app)
     [record] = wait_for(
         lambda: [t for t in store.tries.history(done.id) if t["state"] == TaskState.SUCCESS],
         20,

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from celery_recovery.recovery import recovery_for_app
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,6 +28,16 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
         time.sleep(interval)
+
+
+def flush_publisher(app: Any) -> None:
+    """Wait until ``app``'s buffered publisher records are in the store.
+
+    A fresh task's worker claims it without its message (the publisher's record
+    brings it, up to its flush interval later): a test that reads the message's
+    columns right after the result must wait for that record.
+    """
+    assert recovery_for_app(app).flush(timeout=10), "the publisher's records were not written"
 
 
 class WorkerProcess:
