@@ -28,11 +28,11 @@ def app(sqlite_url):
     app.conf.recovery_database_url = sqlite_url
     app.conf.task_always_eager = False
 
-    @app.task(name="dispatch.add")
+    @app.task(name="dispatch.add", shared=False)
     def add(x, y):
         return x + y
 
-    @app.task(name="dispatch.other")
+    @app.task(name="dispatch.other", shared=False)
     def other():
         return None
 

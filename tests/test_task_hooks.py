@@ -88,7 +88,7 @@ def test_a_task_class_whose_parent_is_a_task_claims_its_try_once(app, monkeypatc
 def test_the_same_delivery_run_again_in_the_same_thread_is_claimed_again(app, monkeypatch):
     # A message requeued with Reject(requeue=True) can come back to the process that
     # rejected it: same id, same retries.  Its first run left nothing behind.
-    @app.task(name="hooks.noop")
+    @app.task(name="hooks.noop", shared=False)
     def noop():
         return "ran"
 
@@ -130,7 +130,7 @@ def test_only_a_resumed_delivery_runs_its_resume_method(app):
 
     app.register_task(Resumable())
 
-    @app.task(name="hooks.caller")
+    @app.task(name="hooks.caller", shared=False)
     def caller():
         return app.tasks["hooks.resumable"](7)  # a direct call inside another delivery
 
