@@ -258,6 +258,18 @@ def record_from_request(
     ``task.request``, passed by a caller that already read it)."""
     if request is None:
         request = task.request
+    record = _running(task, request, now, job_id)
+    published = getattr(request, _PUBLISHED_AT, None)
+    if isinstance(published, int | float):
+        # The publisher's queued_at, to the microsecond: when this claim creates the try,
+        # the publisher's later write changes no indexed column (a HOT update).
+        record["queued_at"] = from_timestamp(published)
+    _set_request_message(record, request)
+    return record
+
+
+def _running(task: Any, request: Any, now: datetime, job_id: str | None) -> dict[str, Any]:
+    """What every ``running`` record of a request holds: the try, and who runs it since when."""
     record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
     record.update(
         job_id=job_id,
@@ -265,12 +277,6 @@ def record_from_request(
         worker_pid=current_pid(),
         started_at=now,
     )
-    published = getattr(request, _PUBLISHED_AT, None)
-    if isinstance(published, int | float):
-        # The publisher's queued_at, to the microsecond: when this claim creates the try,
-        # the publisher's later write changes no indexed column (a HOT update).
-        record["queued_at"] = from_timestamp(published)
-    _set_request_message(record, request)
     return record
 
 
@@ -360,12 +366,8 @@ def claim_from_request(
     fresh = now.timestamp() - published < NARROW_CLAIM_AFTER
     if fresh and not message_when_written:
         return record_from_request(task, now, job_id, request)
-    record = _base(request.id, (request.retries or 0) + 1, task.name, TaskState.RUNNING, now)
+    record = _running(task, request, now, job_id)
     record.update(
-        job_id=job_id,
-        worker_hostname=request.hostname,
-        worker_pid=current_pid(),
-        started_at=now,
         # The publisher's queued_at, to the microsecond (see record_from_request).
         queued_at=from_timestamp(published),
         republishable=False,
