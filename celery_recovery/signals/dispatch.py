@@ -5,7 +5,7 @@ receivers it found (``use_caching``); the ones sent for every task do not, so
 each send takes the signal's lock and walks its whole list of receivers again.
 celery-recovery's handlers make those signals non-empty in every process, so
 it turns the cache on for them: about 5,000 of the 34,000 instructions a
-send costs a handler (docs/tuning.md).  ``connect`` and ``disconnect`` empty
+send costs a handler (docs/performance.md).  ``connect`` and ``disconnect`` empty
 the cache, as they do for any caching signal, so a receiver connected later
 (the user's, at any time) is seen at the next send, and a receiver held weakly
 that dies is dropped at the next send as before.

@@ -38,7 +38,7 @@ def handler_failed(name: str) -> None:
     The handlers every task runs call it from their own ``except`` instead of being
     wrapped by :func:`never_raises`: Celery calls a receiver with keyword arguments,
     and a wrapper taking ``**kwargs`` and passing them on packs and unpacks them once
-    more, a sixth of what a signal's dispatch costs (docs/tuning.md).
+    more, a sixth of what a signal's dispatch costs (docs/performance.md).
     """
     if _failures.first(name):
         logger.exception(
