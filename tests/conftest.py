@@ -43,6 +43,27 @@ FAST_SETTINGS = {
 }
 
 
+#: How much of each worker or beat log a failed test shows (the end, where it stopped).
+LOG_TAIL = 6000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """A failed test shows the end of every log its workers and beats wrote.
+
+    They run as subprocesses and log to files under the test's ``tmp_path``,
+    which a CI run does not keep: without this a flaky failure there says only
+    what the test itself saw.
+    """
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.when == "call" and report.failed and isinstance(tmp_path, Path):
+        for log in sorted(tmp_path.glob("*.log")):
+            tail = log.read_text(errors="replace")[-LOG_TAIL:]
+            report.sections.append((f"Captured {log.name} (its last {LOG_TAIL} characters)", tail))
+    return report
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clean_environment() -> Iterator[None]:
     """Settings from the developer's shell must not leak into the tests."""

@@ -137,6 +137,27 @@ def _all_ready(results: dict[str, Any]) -> bool:
     return all(r.ready() for r in results.values())
 
 
+def _wait_round(app: Any, results: dict[str, Any], what: str) -> None:
+    """Sweep until every canvas of the round finished; on a timeout, say what had not."""
+    try:
+        sweep_until(app, lambda: _all_ready(results), 60, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_unfinished(app, results)}") from None
+
+
+def _unfinished(app: Any, results: dict[str, Any]) -> str:
+    """The canvases not ready, and every try the store holds as queued or running."""
+    lines = [f"{name}: {r.state}" for name, r in results.items() if not r.ready()]
+    store = recovery_for_app(app).store
+    for state in (TaskState.QUEUED, TaskState.RUNNING):
+        for t in store.tries.list_tries(state=state):
+            lines.append(
+                f"{t['task_name']}[{t['task_id']}] try {t['try_number']} {t['state']} "
+                f"job {t['job_id']}: {t['state_reason']}"
+            )
+    return "\n".join(lines)
+
+
 def _check_round(results: dict[str, Any], counts: dict[str, int]) -> None:
     assert results["chord"].get(timeout=5) == [1, 2]
     assert results["chain"].get(timeout=5) == 12
@@ -219,7 +240,7 @@ def test_canvas_survives_worker_kills(
     wait_for(lambda: _running(app, ("canvas.part",), 4), 20, what="header tasks running")
     victim.kill()
     victim = start_worker(name="w2", **options)
-    sweep_until(app, lambda: _all_ready(results), 60, "every canvas of round 1 finished")
+    _wait_round(app, results, "every canvas of round 1 finished")
     _check_round(results, _final_counts(app, broker, queue, broker_urls, "header"))
 
     # Round 2: the next worker dies while the chord bodies and later chain steps run.
@@ -229,7 +250,7 @@ def test_canvas_survives_worker_kills(
     wait_for(lambda: _running(app, long_ones, 3), 20, what="chord bodies running")
     victim.kill()
     start_worker(name="w3", **options)
-    sweep_until(app, lambda: _all_ready(results), 60, "every canvas of round 2 finished")
+    _wait_round(app, results, "every canvas of round 2 finished")
     _check_round(results, _final_counts(app, broker, queue, broker_urls, "body"))
 
 

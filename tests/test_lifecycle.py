@@ -38,7 +38,7 @@ def test_successful_task_goes_queued_running_success(client_app, store, start_wo
     assert record["queued_at"] <= record["started_at"] <= record["ended_at"]
     job = store.jobs.get_job(record["job_id"])
     assert job is not None, "the record names the job that ran it"
-    assert job["job_type"] == JobType.WORKER and job["node_name"].startswith(worker.name + "@")
+    assert job["job_type"] == JobType.WORKER and worker.owns(job["node_name"])
     pids = worker.child_pids() if pool == "prefork" else [worker.proc.pid]
     assert job["pid"] in pids and record["worker_pid"] == job["pid"]
 

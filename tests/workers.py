@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,10 @@ class WorkerProcess:
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.name = name
+        #: The node's name before ``@``: unique, because RabbitMQ keeps a killed worker's
+        #: exclusive control queue (named after the node) for a moment, and a worker of
+        #: the same name starting then exits.
+        self.node = f"{name}-{uuid.uuid4().hex[:6]}"
         self.log_path = log_path
         command = [
             sys.executable,
@@ -68,7 +73,7 @@ class WorkerProcess:
             "-c",
             str(concurrency),
             "-n",
-            f"{name}@%h",
+            f"{self.node}@%h",
             "-Q",
             queue,
             "-l",
@@ -88,6 +93,10 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def owns(self, node_name: str) -> bool:
+        """True when ``node_name`` (``name@host``, as a job records it) is this worker's."""
+        return node_name.startswith(f"{self.node}@")
 
     @property
     def log(self) -> str:

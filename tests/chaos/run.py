@@ -200,7 +200,7 @@ class Killer(threading.Thread):
             if elapsed > self.config.seconds:
                 return
             victim = self.rng.choice(self.cluster.live_workers())
-            self.killed_at[victim.name] = self.killed_pids[victim.proc.pid] = time.time()
+            self.killed_at[victim.node] = self.killed_pids[victim.proc.pid] = time.time()
             victim.kill()
             self.kills["workers"] += 1
             self.cluster.start_worker()

@@ -219,4 +219,4 @@ def test_inspect_zombies_right_after_a_real_kill(store, start_worker, client_app
         interval=0.2,
         what="the silent try to become a zombie at the threshold",
     )
-    assert rows[0]["task_id"] == result.id and rows[0]["worker"].startswith(worker.name + "@")
+    assert rows[0]["task_id"] == result.id and worker.owns(rows[0]["worker"])

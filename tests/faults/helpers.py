@@ -105,6 +105,6 @@ def worker_running(store: Any, task_id: str, workers: list[WorkerProcess]) -> Wo
             return None
         job = store.jobs.get_job(running[-1]["job_id"])
         node = (job or {}).get("node_name") or ""
-        return next((w for w in workers if node.startswith(f"{w.name}@")), None)
+        return next((w for w in workers if w.owns(node)), None)
 
     return wait_for(find, 20, what=f"{task_id} to run on one of the workers")
