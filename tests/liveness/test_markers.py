@@ -100,7 +100,8 @@ def test_killed_worker_is_recovered_by_its_lock_and_a_cut_lock_is_taken_again(
     doomed = start_worker(name="doomed", concurrency=2, env=SLOW_ENV)
     with admin() as conn:
         # One marker connection for the whole worker, shared by its pool processes.
-        sessions = wait_for(lambda: marker_sessions(conn, "worker doomed@"), 10)
+        label = f"worker {doomed.node}@"
+        sessions = wait_for(lambda: marker_sessions(conn, label), 10, what="its marker session")
         assert len(sessions) == 1, sessions
         # The main process (it reserves messages) and its two pool processes.
         worker_jobs = wait_for(
@@ -113,14 +114,18 @@ def test_killed_worker_is_recovered_by_its_lock_and_a_cut_lock_is_taken_again(
 
         # The store cuts the marker's connection, again and again, while the process
         # lives and beats through its other connections: never a death.
-        deadline = time.monotonic() + 4
+        deadline, cuts = time.monotonic() + 4, 0
         while time.monotonic() < deadline:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'celery-recovery marker worker doomed@%%'"
+            cuts += len(
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name LIKE %s",
+                    (f"celery-recovery marker {label}%",),
+                ).fetchall()
             )
             recovery_for_app(client_app).sweep()
             time.sleep(0.3)
+        assert cuts >= 2, "the marker's connection was not cut again after it came back"
         assert {j["state"] for j in store.jobs.list_jobs("worker")} == {JobState.RUNNING}
         # Taken again at once on a new connection.
         wait_for(
