@@ -9,6 +9,7 @@ why it cannot be published again.
 from __future__ import annotations
 
 import json.encoder
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -64,11 +65,17 @@ _HEADERS_NOT_KEPT = frozenset(
         "eta",
         "expires",
         "recovery_published_at",
+        "recovery_published_on",
         "recovery_reserved_at",
     }
 )
 #: The header a publisher stamps its publish time in (see :mod:`celery_recovery.republish`).
 _PUBLISHED_AT = "recovery_published_at"
+#: The header a publisher that is itself a job (a worker process, beat, a triggerer)
+#: stamps its host in: a host lost with its processes loses that publisher's buffer too.
+PUBLISHED_ON_HEADER = "recovery_published_on"
+#: This host, as jobs record it.
+HOSTNAME = socket.gethostname()
 #: Request attributes kept as headers when a worker creates the record.
 _REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "origin")
 
@@ -328,6 +335,24 @@ AWAITING_PUBLISHER = (
 #: step) and runs them may die with that record still in its buffer: a claim made
 #: sooner carries the message, so the try stays publishable again.
 NARROW_CLAIM_AFTER = 1.0
+
+
+def published_alongside(request: Any, now: float) -> bool:
+    """True when the delivery's publisher is a job on this host and published it less
+    than :data:`NARROW_CLAIM_AFTER` ago: its record may still be in a buffer that
+    dies with this host, and so may this delivery's buffered claim.
+
+    A worker that publishes a task (a chain's next step, a chord's header) often
+    starts it at once in a sibling process; if the worker dies a moment later, the
+    message is acknowledged (early ack), the claim waits in the writer (20 ms) and
+    the publisher's record in its own (150 ms): nothing would know of the try.
+    Such a claim is committed before the body runs.
+    """
+    if getattr(request, PUBLISHED_ON_HEADER, None) != HOSTNAME:
+        return False
+    published = getattr(request, _PUBLISHED_AT, None)
+    return isinstance(published, int | float) and now - published < NARROW_CLAIM_AFTER
+
 
 #: States in which a try is never published again: a claim that already holds one
 #: when it is written needs no message.

@@ -16,7 +16,14 @@ import pytest
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import AWAITING_PUBLISHER, NARROW_CLAIM_AFTER, claim_from_request
+from celery_recovery.messages import (
+    AWAITING_PUBLISHER,
+    HOSTNAME,
+    NARROW_CLAIM_AFTER,
+    PUBLISHED_ON_HEADER,
+    claim_from_request,
+    published_alongside,
+)
 
 
 def task_with_request(published_at: float | None, task_id: str = "t1") -> SimpleNamespace:
@@ -112,3 +119,20 @@ def test_an_old_or_unstamped_delivery_is_decided_at_once_whatever_the_caller_ask
         task_with_request(None), utcnow(), "job-a", message_when_written=True
     )
     assert COMPLETE_WHEN_WRITTEN not in record and record["args"] == "[1, 2]"
+
+
+def test_only_a_fresh_delivery_from_a_job_on_this_host_is_claimed_before_its_body():
+    now = time.time()
+
+    def request(**headers):
+        return SimpleNamespace(**headers)
+
+    here = {PUBLISHED_ON_HEADER: HOSTNAME}
+    assert published_alongside(request(recovery_published_at=now - 0.01, **here), now)
+    old = now - NARROW_CLAIM_AFTER - 0.1
+    assert not published_alongside(request(recovery_published_at=old, **here), now)
+    elsewhere = {PUBLISHED_ON_HEADER: "another-host"}
+    assert not published_alongside(request(recovery_published_at=now, **elsewhere), now)
+    # A publisher that is not a job (a web process, a script) stamps no host.
+    assert not published_alongside(request(recovery_published_at=now), now)
+    assert not published_alongside(request(**here), now)  # no publish time: not ours

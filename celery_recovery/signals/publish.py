@@ -19,7 +19,12 @@ from celery.signals import after_task_publish, before_task_publish
 
 from celery_recovery.context import context_for_task_name
 from celery_recovery.core.records import WriteKind
-from celery_recovery.messages import capture_publish, record_from_capture
+from celery_recovery.messages import (
+    HOSTNAME,
+    PUBLISHED_ON_HEADER,
+    capture_publish,
+    record_from_capture,
+)
 from celery_recovery.republish import PUBLISHED_AT_HEADER
 from celery_recovery.signals.guard import handler_failed
 
@@ -66,6 +71,12 @@ def _stage(
     # without asking the store on every task, and tells it that this publisher records
     # the message, so its claim need not send the message again.
     headers[PUBLISHED_AT_HEADER] = published
+    if context.runtime.job_id is not None:
+        # A worker process, beat or a triggerer: this host's loss takes its buffered
+        # record, so a delivery started here soon after claims before its body.
+        headers[PUBLISHED_ON_HEADER] = HOSTNAME
+    else:
+        headers.pop(PUBLISHED_ON_HEADER, None)  # a republished record's old stamp
     _staged.capture = (capture, context.runtime.writer)
 
 

@@ -35,12 +35,12 @@ from celery.signals import (
 )
 
 from celery_recovery.context import RecoveryContext, context_for_app
-from celery_recovery.core.errors import LostWorkerError
+from celery_recovery.core.errors import LostWorkerError, StoreError
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import install_resume, note_delivery, was_deferred
-from celery_recovery.messages import claim_from_request, try_number_of
+from celery_recovery.messages import claim_from_request, published_alongside, try_number_of
 from celery_recovery.postpone import was_postponed
 from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.signals.guard import handler_failed, never_raises
@@ -194,12 +194,25 @@ def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
         record = claim_from_request(task, utcnow(), runtime.job_id, request)
         if claim_counting_deaths(context, task, record):
             return True  # failed for good instead
+    elif published_alongside(request, time.time()):
+        claim_before_body(context, claim_from_request(task, utcnow(), runtime.job_id, request))
     else:
         runtime.record_start(
             claim_from_request(task, utcnow(), runtime.job_id, request, message_when_written=True)
         )
     _runs.started[task_id] = time.monotonic()
     return False
+
+
+def claim_before_body(context: RecoveryContext, record: dict[str, Any]) -> None:
+    """Commit a claim (with its message) now, not within the writer's interval; when the
+    store fails, the writer takes it and keeps trying (the body runs either way)."""
+    runtime = context.runtime
+    try:
+        runtime.store.tries.mark_running(record)
+    except StoreError as exc:
+        runtime.health.record_failure(exc, f"claiming {record['task_id']} before its body")
+        runtime.record_start(record)
 
 
 @never_raises

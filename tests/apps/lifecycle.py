@@ -176,6 +176,21 @@ def _register_tasks(app: Celery) -> None:
         _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
         os.kill(os.getpid(), signal.SIGKILL)
 
+    @app.task(shared=False, name="lifecycle.spawn", bind=True)
+    def spawn(self, ledger, child_id):
+        """Publishes a child that ends this whole worker as it starts, and waits to die."""
+        app.tasks["lifecycle.end_worker_once"].apply_async((ledger,), task_id=child_id)
+        time.sleep(30)
+
+    @app.task(shared=False, name="lifecycle.end_worker_once", bind=True, max_retries=3)
+    def end_worker_once(self, ledger):
+        """SIGKILLs its whole worker (a lost node) the moment its first try starts."""
+        try_number = self.request.retries + 1
+        _append(ledger, f"start try={try_number} pid={os.getpid()}")
+        if try_number == 1:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        return try_number
+
     @app.task(shared=False, name="lifecycle.slow_first_try", bind=True, max_retries=3)
     def slow_first_try(self, first_seconds, later_seconds):
         """Long on its first try (the one a test kills), short once recovered."""

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+import uuid
 
 import pytest
 import redis
@@ -236,3 +237,29 @@ def test_a_dead_workers_task_requeued_by_rabbitmq_runs_once_on_another_host(
     assert took < ZOMBIE + 3, took
     assert result.get(timeout=5) == 3
     assert count(ledger, "start") == 2 and count(ledger, "done") == 1, ledger_lines(ledger)
+
+
+@pytest.mark.parametrize(
+    "store_url,broker", [("sqlite", "redis"), ("postgresql", "rabbitmq")], indirect=["store_url"]
+)
+def test_a_task_whose_worker_dies_as_it_starts_is_recovered_though_that_worker_published_it(
+    client_app, store, start_worker, tmp_path
+):
+    """A task publishes a child, which a sibling process starts at once and whose start
+    kills the whole worker: the child's message is acknowledged (early ack) and its
+    publisher's record was still buffered in a process that died too.  The child's
+    claim is committed before its body runs, so the zombie sweep recovers it."""
+    ledger = tmp_path / "ledger"
+    doomed = start_worker(name="doomed", concurrency=2)
+    child_id = f"child-{uuid.uuid4().hex}"
+    client_app.send_task("lifecycle.spawn", (str(ledger), child_id))
+    wait_for(lambda: doomed.proc.poll() is not None, 20, what="the child to end its worker")
+    start_worker(name="survivor", concurrency=1)
+    child = client_app.AsyncResult(child_id)
+    sweep_until(client_app, child.ready, ZOMBIE + SWEEP + 20, "the child to be recovered")
+    assert child.get(timeout=5) == 2
+    # Each try ran once: the first died as it started, the second was the sweep's.
+    assert [line.split()[1] for line in ledger_lines(ledger)] == ["try=1", "try=2"]
+    tries = store.tries.history(child_id)
+    assert [(t["try_number"], t["state"]) for t in tries][:1] == [(1, TaskState.UP_FOR_RETRY)]
+    assert "worker lost" in tries[0]["state_reason"], tries[0]["state_reason"]
