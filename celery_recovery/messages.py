@@ -9,7 +9,6 @@ why it cannot be published again.
 from __future__ import annotations
 
 import json.encoder
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -17,7 +16,7 @@ from typing import Any
 
 from kombu.utils.json import JSONEncoder as KombuJSONEncoder
 
-from celery_recovery.core.process_id import current_pid
+from celery_recovery.core.process_id import HOSTNAME, current_pid
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import as_utc, from_timestamp
@@ -74,8 +73,6 @@ _PUBLISHED_AT = "recovery_published_at"
 #: The header a publisher that is itself a job (a worker process, beat, a triggerer)
 #: stamps its host in: a host lost with its processes loses that publisher's buffer too.
 PUBLISHED_ON_HEADER = "recovery_published_on"
-#: This host, as jobs record it.
-HOSTNAME = socket.gethostname()
 #: Request attributes kept as headers when a worker creates the record.
 _REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "origin")
 

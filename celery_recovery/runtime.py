@@ -10,13 +10,12 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import socket
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from celery_recovery.core.errors import ConfigurationError
-from celery_recovery.core.process_id import current_pid
+from celery_recovery.core.process_id import HOSTNAME, current_pid
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType
@@ -87,14 +86,14 @@ class ProcessRuntime:
         job = {
             "id": uuid.uuid4().hex,
             "job_type": job_type,
-            "hostname": socket.gethostname(),
+            "hostname": HOSTNAME,
             "node_name": node_name,
             "pid": os.getpid(),
             "state": JobState.RUNNING,
             "start_date": now,
             "latest_heartbeat": now,
             "queues": queues,
-            **job_markers(self.settings, f"{job_type} {socket.gethostname()}:{os.getpid()}"),
+            **job_markers(self.settings, f"{job_type} {HOSTNAME}:{os.getpid()}"),
         }
         self.heartbeat = HeartbeatThread(
             self.store, self.health, job, self.settings.heartbeat_interval, on_beat=on_beat

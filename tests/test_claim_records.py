@@ -13,12 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages import (
     AWAITING_PUBLISHER,
-    HOSTNAME,
     NARROW_CLAIM_AFTER,
     PUBLISHED_ON_HEADER,
     claim_from_request,

@@ -1,4 +1,4 @@
-"""This process's id, read once and again after each fork.
+"""This process's id, read once and again after each fork, and its host's name.
 
 ``os.getpid()`` is a system call: the per-task handlers ask for it several
 times (which process owns the runtime, which pid ran the try), and on the
@@ -10,8 +10,12 @@ prefork pool included), so the cached id is never a parent's.
 from __future__ import annotations
 
 import os
+import socket
 
 _pid = os.getpid()
+
+#: This host's name, as jobs record it (a fork keeps the host).
+HOSTNAME = socket.gethostname()
 
 
 def _forked() -> None:

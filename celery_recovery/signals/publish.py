@@ -18,13 +18,9 @@ from typing import Any
 from celery.signals import after_task_publish, before_task_publish
 
 from celery_recovery.context import context_for_task_name
+from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import WriteKind
-from celery_recovery.messages import (
-    HOSTNAME,
-    PUBLISHED_ON_HEADER,
-    capture_publish,
-    record_from_capture,
-)
+from celery_recovery.messages import PUBLISHED_ON_HEADER, capture_publish, record_from_capture
 from celery_recovery.republish import PUBLISHED_AT_HEADER
 from celery_recovery.signals.guard import handler_failed
 
@@ -76,7 +72,8 @@ def _stage(
         # record, so a delivery started here soon after claims before its body.
         headers[PUBLISHED_ON_HEADER] = HOSTNAME
     else:
-        headers.pop(PUBLISHED_ON_HEADER, None)  # a republished record's old stamp
+        # A stamp copied with another message's headers is not this publisher's.
+        headers.pop(PUBLISHED_ON_HEADER, None)
     _staged.capture = (capture, context.runtime.writer)
 
 
