@@ -178,7 +178,12 @@ def _register_tasks(app: Celery) -> None:
 
     @app.task(shared=False, name="lifecycle.spawn", bind=True)
     def spawn(self, ledger, child_id):
-        """Publishes a child that ends this whole worker as it starts, and waits to die."""
+        """Publishes a child that ends this whole worker as it starts, and waits to die.
+
+        Its recovered try returns at once: the child was sent already, and a sleeping
+        retry would hold a one-process survivor away from the child it must recover."""
+        if self.request.retries:
+            return "sent before"
         app.tasks["lifecycle.end_worker_once"].apply_async((ledger,), task_id=child_id)
         time.sleep(30)
 
