@@ -65,6 +65,7 @@ _HEADERS_NOT_KEPT = frozenset(
         "expires",
         "recovery_published_at",
         "recovery_published_on",
+        "recovery_resent",
         "recovery_reserved_at",
     }
 )

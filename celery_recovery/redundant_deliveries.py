@@ -52,6 +52,7 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER
 from celery_recovery.messages import record_from_request, try_number_of
 from celery_recovery.republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
+from celery_recovery.resends import finished_in_backend, is_resent
 
 if TYPE_CHECKING:
     from celery_recovery.context import RecoveryContext
@@ -95,6 +96,12 @@ def drop_if_redundant(
             runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
             return False
         why = _redundant_because(view, try_number, fresh)
+    if why is None and is_resent(request):
+        # The original may have run in a worker that died before its outcome reached
+        # the store; the result backend has it then.
+        state = finished_in_backend(task, task_id)
+        if state is not None:
+            why = Redundant(f"sent again by a new run of its publisher; it already ran ({state})")
     if why is None:
         try:
             if runtime.store.tries.mark_running(
@@ -220,6 +227,8 @@ def _may_be_redundant(request: Any, settings: RecoverySettings) -> bool:
     reserved = getattr(request, RESERVED_AT_HEADER, None)
     if isinstance(reserved, int | float) and time.time() - reserved > settings.heartbeat_interval:
         return True
+    if is_resent(request):
+        return True  # maybe a copy of what an earlier run of its publisher sent
     published = getattr(request, PUBLISHED_AT_HEADER, None)
     if isinstance(published, int | float):
         return time.time() - published > settings.queued_timeout / 2

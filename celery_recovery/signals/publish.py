@@ -22,6 +22,7 @@ from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import WriteKind
 from celery_recovery.messages import PUBLISHED_ON_HEADER, capture_publish, record_from_capture
 from celery_recovery.republish import PUBLISHED_AT_HEADER
+from celery_recovery.resends import RESENT_HEADER, resent_hops
 from celery_recovery.signals.guard import handler_failed
 
 _staged = threading.local()
@@ -71,9 +72,16 @@ def _stage(
         # A worker process, beat or a triggerer: this host's loss takes its buffered
         # record, so a delivery started here soon after claims before its body.
         headers[PUBLISHED_ON_HEADER] = HOSTNAME
+        # Sent by a run that may repeat an earlier one: its worker checks it first.
+        hops = resent_hops(context.app, headers.get("id"))
+        if hops is None:
+            headers.pop(RESENT_HEADER, None)
+        else:
+            headers[RESENT_HEADER] = hops
     else:
-        # A stamp copied with another message's headers is not this publisher's.
+        # Stamps copied with another message's headers are not this publisher's.
         headers.pop(PUBLISHED_ON_HEADER, None)
+        headers.pop(RESENT_HEADER, None)
     _staged.capture = (capture, context.runtime.writer)
 
 

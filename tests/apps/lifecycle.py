@@ -15,7 +15,9 @@ import time
 from typing import Any
 
 from celery import Celery, Task
+from celery._state import get_current_worker_task
 from celery.exceptions import Reject
+from celery.signals import after_task_publish
 
 from celery_recovery import (
     Recovery,
@@ -78,6 +80,30 @@ def resumed(task, event, ledger):
     """Where a deferred ``wait`` resumes, on a worker, with its trigger's event."""
     _append(ledger, f"resumed {task.request.id} pid={os.getpid()}")
     return {"event": event, "try": task.request.retries + 1}
+
+
+def _end_worker_once_the_chain_ran(sender=None, headers=None, **_):
+    """Celery publishes a chain's next step (or the chord it is) before it stores the
+    step's own result.  A first run of ``dies_after_next_step`` waits in its last such
+    publish (the next step, or a chord's last header part) until the chain's last task has
+    finished in sibling processes, then SIGKILLs its whole worker: the step is run again."""
+    task = get_current_worker_task()
+    if task is None or task.name != "lifecycle.dies_after_next_step" or task.request.retries:
+        return
+    if not headers or headers.get("parent_id") != task.request.id:
+        return
+    last = task.request.chain[0]["options"]["task_id"]
+    following = task.request.chain[-1]
+    # A chord publishes its unlock task first, then its header parts in order.
+    header = following["kwargs"]["header"] if following["task"] == "celery.chord" else None
+    last_part = len(header["kwargs"]["tasks"]) - 1 if header else None
+    if headers["id"] != last and (last_part is None or headers.get("group_index") != last_part):
+        return
+    chain_end = task.app.AsyncResult(last)
+    deadline = time.monotonic() + 30
+    while not chain_end.ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 class LedgerTask(Task):
@@ -195,6 +221,28 @@ def _register_tasks(app: Celery) -> None:
         if try_number == 1:
             os.killpg(os.getpgid(0), signal.SIGKILL)
         return try_number
+
+    @app.task(shared=False, name="lifecycle.dies_after_next_step", bind=True, max_retries=3)
+    def dies_after_next_step(self, ledger):
+        """A chain step whose first run dies once the rest of its chain ran, before its own
+        outcome is stored (see :func:`_end_worker_once_the_chain_ran`)."""
+        _append(ledger, f"first try={self.request.retries + 1} pid={os.getpid()}")
+        return ledger
+
+    @app.task(shared=False, name="lifecycle.next_step", bind=True, max_retries=3)
+    def next_step(self, ledger, tag="next"):
+        _append(ledger, f"{tag} try={self.request.retries + 1} pid={os.getpid()}")
+        return ledger
+
+    @app.task(shared=False, name="lifecycle.gather", bind=True, max_retries=3)
+    def gather(self, results, ledger):
+        """A chord body: counts its runs in the ledger."""
+        _append(ledger, f"gather try={self.request.retries + 1} pid={os.getpid()}")
+        return ledger
+
+    after_task_publish.connect(
+        _end_worker_once_the_chain_ran, weak=False, dispatch_uid="lifecycle.the_chain_ran"
+    )
 
     @app.task(shared=False, name="lifecycle.slow_first_try", bind=True, max_retries=3)
     def slow_first_try(self, first_seconds, later_seconds):
