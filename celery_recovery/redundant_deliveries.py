@@ -52,7 +52,7 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER
 from celery_recovery.messages import record_from_request, try_number_of
 from celery_recovery.republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
-from celery_recovery.resends import finished_in_backend, is_resent
+from celery_recovery.resends import RESENT_HEADER, finished_in_backend, is_resent
 
 if TYPE_CHECKING:
     from celery_recovery.context import RecoveryContext
@@ -227,7 +227,7 @@ def _may_be_redundant(request: Any, settings: RecoverySettings) -> bool:
     reserved = getattr(request, RESERVED_AT_HEADER, None)
     if isinstance(reserved, int | float) and time.time() - reserved > settings.heartbeat_interval:
         return True
-    if is_resent(request):
+    if getattr(request, RESENT_HEADER, None):
         return True  # maybe a copy of what an earlier run of its publisher sent
     published = getattr(request, PUBLISHED_AT_HEADER, None)
     if isinstance(published, int | float):
