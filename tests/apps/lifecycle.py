@@ -240,6 +240,18 @@ def _register_tasks(app: Celery) -> None:
         _append(ledger, f"gather try={self.request.retries + 1} pid={os.getpid()}")
         return ledger
 
+    @app.task(shared=False, name="lifecycle.sends_then_retries", bind=True, max_retries=3)
+    def sends_then_retries(self, ledger, child_id):
+        """Sends a child under a set id, and on its first try retries once the child ran."""
+        _append(ledger, f"parent try={self.request.retries + 1} pid={os.getpid()}")
+        child = next_step.apply_async((ledger,), {"tag": "child"}, task_id=child_id)
+        if self.request.retries == 0:
+            deadline = time.monotonic() + 20
+            while not child.ready() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            raise self.retry(countdown=0)
+        return "done"
+
     after_task_publish.connect(
         _end_worker_once_the_chain_ran, weak=False, dispatch_uid="lifecycle.the_chain_ran"
     )

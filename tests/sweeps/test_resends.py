@@ -123,3 +123,26 @@ def test_a_chain_step_run_again_does_not_run_the_chord_after_it_again(
     result = _kill_after_the_chain_then_recover(app, env, start_worker, canvas, "lifecycle.gather")
     assert _runs(ledger) == {"first": 2, "part": 2, "gather": 1, "next": 1}, ledger_lines(ledger)
     assert result.get(timeout=5) == str(ledger)
+
+
+@pytest.mark.parametrize(
+    "store_url,broker,results_on",
+    [("sqlite", "redis", "redis")],
+    indirect=["store_url", "results_on"],
+)
+def test_a_child_a_retry_sends_again_under_its_id_runs_once(results_on, start_worker, tmp_path):
+    """A task's own retry publishes again the child its first try sent under a set id
+    (``task_id=f"email-{order_id}"``): the child ran already, so the copy is dropped."""
+    app, env = results_on
+    ledger = tmp_path / "ledger"
+    worker = start_worker(concurrency=2, env=env)
+    child_id = f"child-{uuid.uuid4().hex}"
+    result = app.send_task("lifecycle.sends_then_retries", (str(ledger), child_id))
+    assert result.get(timeout=30) == "done"
+    wait_for(
+        lambda: "dropping stale delivery of lifecycle.next_step" in worker.log,
+        20,
+        what="the child's copy to be dropped",
+    )
+    assert _runs(ledger) == {"parent": 2, "child": 1}, ledger_lines(ledger)
+    assert app.AsyncResult(child_id).get(timeout=5) == str(ledger)
