@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,9 +61,43 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
     if report.when == "call" and report.failed and isinstance(tmp_path, Path):
         for log in sorted(tmp_path.glob("*.log")):
-            tail = log.read_text(errors="replace")[-LOG_TAIL:]
-            report.sections.append((f"Captured {log.name} (its last {LOG_TAIL} characters)", tail))
+            lines = _collapsed(log.read_text(errors="replace").splitlines())
+            notable = [line for line in lines if NOTABLE_LOG_LINE.search(line)]
+            if notable:
+                text = "\n".join(notable[-NOTABLE_LINES:])
+                report.sections.append((f"{log.name}: its warnings and errors", text))
+            tail = "\n".join(lines)[-LOG_TAIL:]
+            report.sections.append((f"{log.name}: its last {LOG_TAIL} characters", tail))
     return report
+
+
+#: Log lines a failure's report shows whatever their place in the log.
+NOTABLE_LOG_LINE = re.compile(r"WARNING|ERROR|CRITICAL|Traceback")
+NOTABLE_LINES = 150
+#: A Celery log line's timestamp, which repeated lines differ by.
+_LOG_STAMP = re.compile(r"^\[[0-9-]+ [0-9:,]+: ")
+
+
+def _collapsed(lines: list[str]) -> list[str]:
+    """The log with lines that repeat one of the few before it, apart from their
+    timestamp, counted instead of shown (an unlock task retrying every second, its
+    "received" and "retry" lines alternating, fills the tail otherwise)."""
+    out: list[str] = []
+    recent: deque[str] = deque(maxlen=4)
+    repeats = 0
+    for line in lines:
+        message = _LOG_STAMP.sub("", line)
+        if message in recent:
+            repeats += 1
+            continue
+        if repeats:
+            out.append(f"    ... and {repeats} more lines like the ones above")
+            repeats = 0
+        out.append(line)
+        recent.append(message)
+    if repeats:
+        out.append(f"    ... and {repeats} more lines like the ones above")
+    return out
 
 
 @pytest.fixture(scope="session", autouse=True)

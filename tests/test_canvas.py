@@ -147,7 +147,7 @@ def _wait_round(app: Any, results: dict[str, Any], what: str) -> None:
 
 def _unfinished(app: Any, results: dict[str, Any]) -> str:
     """The canvases not ready, and every try the store holds as queued or running."""
-    lines = [f"{name}: {r.state}" for name, r in results.items() if not r.ready()]
+    lines = [f"{name}: {_state_of(r)}" for name, r in results.items() if not r.ready()]
     store = recovery_for_app(app).store
     for state in (TaskState.QUEUED, TaskState.RUNNING):
         for t in store.tries.list_tries(state=state):
@@ -156,6 +156,14 @@ def _unfinished(app: Any, results: dict[str, Any]) -> str:
                 f"job {t['job_id']}: {t['state_reason']}"
             )
     return "\n".join(lines)
+
+
+def _state_of(result: Any) -> str:
+    """A result's state; a group's is its members' (a GroupResult has none of its own)."""
+    members = getattr(result, "results", None)
+    if members is None:
+        return f"{result.state} ({result.id})"
+    return "group of " + ", ".join(_state_of(member) for member in members)
 
 
 def _check_round(results: dict[str, Any], counts: dict[str, int]) -> None:
