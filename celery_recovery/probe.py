@@ -61,6 +61,13 @@ def probe(app: Celery, task_id: str) -> Probe:
     return _from_meta(meta)
 
 
+def finished_state(app: Celery, task_id: str) -> str | None:
+    """The finished state (one of Celery's ready states) the backend holds for
+    ``task_id``; None when it holds another, none, or cannot answer."""
+    state = probe(app, task_id).state
+    return state if state in states.READY_STATES else None
+
+
 def _from_meta(meta: dict[str, Any]) -> Probe:
     state = meta.get("status") or states.PENDING
     result = meta.get("result")

@@ -51,8 +51,9 @@ from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER
 from celery_recovery.messages import record_from_request, try_number_of
+from celery_recovery.probe import finished_state
 from celery_recovery.republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
-from celery_recovery.resends import RESENT_HEADER, finished_in_backend, is_resent
+from celery_recovery.resends import RESENT_HEADER, is_resent
 
 if TYPE_CHECKING:
     from celery_recovery.context import RecoveryContext
@@ -99,7 +100,7 @@ def drop_if_redundant(
     if why is None and is_resent(request):
         # The original may have run in a worker that died before its outcome reached
         # the store; the result backend has it then.
-        state = finished_in_backend(task, task_id)
+        state = finished_state(context.app, task_id)
         if state is not None:
             why = Redundant(f"sent again by a new run of its publisher; it already ran ({state})")
     if why is None:

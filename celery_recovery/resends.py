@@ -27,9 +27,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import states
-from celery.backends.base import DisabledBackend
-
 #: Header on a message published by a run that may repeat an earlier one: how many
 #: publishes it is from that run (1 for its own sends).
 RESENT_HEADER = "recovery_resent"
@@ -46,8 +43,8 @@ def resent_hops(app: Any, task_id: str | None) -> int | None:
     request = task.request
     if request.id == task_id:
         return None  # the task's own retry
-    hops = getattr(request, RESENT_HEADER, None)
-    if isinstance(hops, int) and hops > 0:
+    hops = _hops(request)
+    if hops:
         return hops + 1 if hops < MAX_HOPS else None
     if request.retries or (request.delivery_info or {}).get("redelivered"):
         return 1
@@ -56,21 +53,9 @@ def resent_hops(app: Any, task_id: str | None) -> int | None:
 
 def is_resent(request: Any) -> bool:
     """True for a delivery a run that may repeat an earlier one published."""
+    return _hops(request) > 0
+
+
+def _hops(request: Any) -> int:
     hops = getattr(request, RESENT_HEADER, None)
-    return isinstance(hops, int) and hops > 0
-
-
-def finished_in_backend(task: Any, task_id: str) -> str | None:
-    """The finished state the result backend holds for ``task_id``, or None.
-
-    None too when the backend cannot tell (results disabled or ignored, or the
-    backend failing): the delivery then runs, as it would without the mark.
-    """
-    backend = task.backend
-    if isinstance(backend, DisabledBackend):
-        return None
-    try:
-        state = backend.get_task_meta(task_id).get("status")
-    except Exception:
-        return None
-    return str(state) if state in states.READY_STATES else None
+    return hops if isinstance(hops, int) and hops > 0 else 0

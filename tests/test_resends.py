@@ -12,13 +12,8 @@ from types import SimpleNamespace
 from celery import Celery
 from celery._state import _task_stack
 
-from celery_recovery.resends import (
-    MAX_HOPS,
-    RESENT_HEADER,
-    finished_in_backend,
-    is_resent,
-    resent_hops,
-)
+from celery_recovery.probe import finished_state
+from celery_recovery.resends import MAX_HOPS, RESENT_HEADER, is_resent, resent_hops
 
 
 def _app(backend: str | None = None) -> Celery:
@@ -78,11 +73,10 @@ def test_only_a_delivery_carrying_a_mark_counts_as_resent() -> None:
 
 def test_the_backend_tells_a_finished_task_and_nothing_else() -> None:
     app = _app("cache+memory://")
-    task = app.tasks["resends.step"]
-    task.backend.mark_as_done("ran", "value")
-    task.backend.mark_as_started("runs")
-    assert finished_in_backend(task, "ran") == "SUCCESS"
-    assert finished_in_backend(task, "runs") is None
-    assert finished_in_backend(task, "never-seen") is None
+    app.backend.mark_as_done("ran", "value")
+    app.backend.mark_as_started("runs")
+    assert finished_state(app, "ran") == "SUCCESS"
+    assert finished_state(app, "runs") is None
+    assert finished_state(app, "never-seen") is None
     # Results disabled: the backend cannot tell, so the delivery runs.
-    assert finished_in_backend(_app().tasks["resends.step"], "ran") is None
+    assert finished_state(_app(), "ran") is None
