@@ -16,6 +16,7 @@ from celery import states
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import ResetPlan, SweepOutcome
 from celery_recovery.core.states import TaskState
+from celery_recovery.dead_receives import republish_delay
 from celery_recovery.probe import Probe
 from celery_recovery.republish import republish
 from celery_recovery.store import MESSAGE_COLUMNS, unreadable
@@ -135,8 +136,16 @@ def reset(
     if inserted:
         # After the commit: a publish failure leaves the next try queued, and the
         # lost-message sweep publishes it once it is overdue.
-        republish(ctx.app, record, try_number + 1)
+        republish(ctx.app, record, try_number + 1, _broker_delay(ctx, record))
     return SweepOutcome.REPUBLISHED
+
+
+def _broker_delay(ctx: SweepContext, record: Mapping[str, Any]) -> int:
+    """On SQS, how long the new message waits for the receives its dead worker left open
+    (0 for a lost message, which names no job, and on other brokers)."""
+    return republish_delay(
+        ctx.app, ctx.settings.heartbeat_interval, record.get("job_heartbeat"), ctx.now
+    )
 
 
 #: The audit action of a reset, by the state it gave the try.
