@@ -207,8 +207,8 @@ def broker() -> str:
 def broker_urls(
     broker: str, queue: str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[str, str]]:
-    """(broker, result backend): Redis for both, or RabbitMQ or SQS (moto's server) with a
-    Redis result backend."""
+    """(broker, result backend): Redis for both, or RabbitMQ, SQS (moto's server) or the
+    filesystem transport with a Redis result backend."""
     import redis
 
     redis_service = request.getfixturevalue("redis_service")
@@ -221,6 +221,13 @@ def broker_urls(
         return
     if broker == "sqs":
         yield request.getfixturevalue("sqs_service"), backend
+        return
+    if broker == "filesystem":
+        # The demo's broker: files in a folder of the test's own (see tests/apps/lifecycle).
+        folder = request.getfixturevalue("tmp_path") / "broker"
+        for sub in ("data", "control"):
+            (folder / sub).mkdir(parents=True)
+        yield f"filesystem://{folder}", backend
         return
     assert broker == "rabbitmq", broker
     require("RabbitMQ", RABBITMQ_URL, 5672)

@@ -30,6 +30,9 @@ from celery_recovery import (
 )
 from tests.apps import canvas_tasks, triggers
 
+#: kombu's filesystem transport (the demo's broker), its folder after the scheme here.
+FILESYSTEM = "filesystem://"
+
 #: Seconds each SQS receive waits on the server for a message (kombu's default is 10):
 #: short, so that the tests wait less for the receives a killed worker left open.
 SQS_WAIT_TIME = 2
@@ -84,7 +87,16 @@ def create_app(
         task_acks_late=acks_late,
         task_reject_on_worker_lost=reject_on_worker_lost,
     )
-    if broker.startswith("sqs://"):
+    if broker.startswith(FILESYSTEM):
+        # The folder travels in the URL (the tests' convention); kombu takes it as options.
+        folder = broker[len(FILESYSTEM) :]
+        app.conf.broker_url = FILESYSTEM
+        app.conf.broker_transport_options = {
+            "data_folder_in": f"{folder}/data",
+            "data_folder_out": f"{folder}/data",
+            "control_folder": f"{folder}/control",
+        }
+    elif broker.startswith("sqs://"):
         app.conf.broker_transport_options = sqs_transport_options(visibility_timeout, sqs_wait_time)
     elif visibility_timeout is not None:
         app.conf.broker_transport_options = {

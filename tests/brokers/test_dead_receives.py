@@ -34,9 +34,7 @@ def test_only_an_sqs_receive_outlives_its_worker():
         (None, 0),  # a lost message: no dead job, nothing to wait for
     ],
 )
-def test_the_delay_ends_after_the_last_receive_the_dead_job_may_have_left_open(
-    beat_ago, expected
-):
+def test_the_delay_ends_after_the_last_receive_the_dead_job_may_have_left_open(beat_ago, expected):
     app = app_on("sqs://k:s@127.0.0.1:9", wait_time_seconds=3)
     now = utcnow()
     beat = None if beat_ago is None else now - timedelta(seconds=beat_ago)
