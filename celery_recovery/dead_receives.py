@@ -16,8 +16,10 @@ exactly such a message: it would go to the dead worker's own receive, and come
 back only through the lost-message sweep, ``recovery_queued_timeout`` later,
 as a third try.  So on SQS it is published with a delivery delay
 (``DelaySeconds``) that ends after every receive the dead worker may have left
-open: the dead job's last heartbeat, plus one heartbeat interval (it may have
-lived that long after it), plus the wait, plus a second for the clocks.  On
+open.  The worker died before the sweep found it, and its last receive began
+before it died: that receive ends at most the wait after now (plus
+:data:`MARGIN`).  Its last heartbeat gives no closer bound: a starved
+heartbeat thread beats late, and a receive begun after it is still open.  On
 other brokers a dead consumer takes nothing (Redis's ``BRPOP`` and RabbitMQ's
 deliveries end with the connection), and the delay is 0.
 """
@@ -25,17 +27,15 @@ deliveries end with the connection), and the delay is 0.
 from __future__ import annotations
 
 import math
-from datetime import datetime
 from typing import Any
 
 from celery import Celery
 
-from celery_recovery.core.timeutils import as_utc
-
 #: kombu's ``wait_time_seconds`` when the transport options set none.
 SQS_DEFAULT_WAIT_TIME = 10.0
-#: Seconds added for the clocks of the dead worker and the sweeping process.
-CLOCK_MARGIN = 1.0
+#: Seconds added to the wait: moto's server looks for messages once a second, so its
+#: receives run up to a second past their wait; and one for the network.
+MARGIN = 2.0
 #: The longest delivery delay SQS accepts (15 minutes).
 SQS_MAX_DELAY = 900
 
@@ -55,25 +55,13 @@ def open_receive_wait(app: Celery) -> float:
     return SQS_DEFAULT_WAIT_TIME if wait is None else max(float(wait), 0.0)
 
 
-def republish_delay(
-    app: Celery,
-    heartbeat_interval: float,
-    last_heartbeat: datetime | None,
-    now: datetime,
-    wait: float | None = None,
-) -> int:
-    """Seconds to delay publishing again a try whose job last beat at ``last_heartbeat``,
-    so that no receive the dead job left open can take it (0 when none can).
-
-    ``wait`` is :func:`open_receive_wait` when the caller has it already."""
-    beat = as_utc(last_heartbeat)
-    if beat is None:
-        return 0
-    wait = open_receive_wait(app) if wait is None else wait
+def republish_delay(app: Celery) -> int:
+    """Seconds to hold back a try published again because its worker died, so that no
+    receive the dead worker left open can take it (0 on brokers without such receives)."""
+    wait = open_receive_wait(app)
     if wait <= 0:
         return 0
-    left = (beat - now).total_seconds() + heartbeat_interval + wait + CLOCK_MARGIN
-    return min(max(math.ceil(left), 0), SQS_MAX_DELAY)
+    return min(math.ceil(wait + MARGIN), SQS_MAX_DELAY)
 
 
 def delay_options(seconds: int) -> dict[str, Any]:

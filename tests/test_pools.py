@@ -13,25 +13,16 @@ import time
 from datetime import datetime
 
 import pytest
-from sqlalchemy import select
 
 from celery_recovery import TaskState
-from celery_recovery.core.records import SweepReport
-from celery_recovery.recovery import recovery_for_app
-from celery_recovery.store.schema import reservations
 from tests.conftest import FAST_SETTINGS
-from tests.sweeps.helpers import count, ledger_lines
+from tests.sweeps.helpers import count, ledger_lines, reserved_ids, sweep_counting
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
-
-
-def reserved_ids(store) -> set[str]:
-    with store.transaction() as conn:
-        return {row.task_id for row in conn.execute(select(reservations.c.task_id))}
 
 
 def running_ids(store, results) -> set[str]:
@@ -42,25 +33,9 @@ def running_ids(store, results) -> set[str]:
     }
 
 
-def sweep_until_recovered(app, results, timeout: float) -> tuple[SweepReport, float]:
-    """Sweep every sweep interval until every try 1 of ``results`` is published again;
-    the sums of the sweeps' reports, and when the last of them was (monotonic)."""
-    recovery = recovery_for_app(app)
-    store = recovery.store
-    total = SweepReport()
-    last = [0.0]
-
-    def step():
-        if time.monotonic() - last[0] >= SWEEP:
-            report = recovery.sweep()
-            last[0] = time.monotonic()
-            for name, value in report.as_dict().items():
-                if isinstance(value, int):
-                    setattr(total, name, getattr(total, name) + value)
-        return all(len(store.tries.history(r.id)) >= 2 for r in results)
-
-    wait_for(step, timeout, interval=0.1, what="every try to be published again")
-    return total, last[0]
+def recovered(store, results):
+    """A condition: every try 1 of ``results`` has been published again."""
+    return lambda: all(len(store.tries.history(r.id)) >= 2 for r in results)
 
 
 #: The messages a worker holds besides those it runs, with prefetch multiplier 2:
@@ -95,7 +70,9 @@ def test_a_killed_workers_running_and_held_tasks_come_back_together_on_every_poo
     doomed.kill()
     killed = time.monotonic()
 
-    report, at = sweep_until_recovered(client_app, results, ZOMBIE + 4 * SWEEP + 10)
+    report, at = sweep_counting(
+        client_app, recovered(store, results), ZOMBIE + 4 * SWEEP + 10, "the republish"
+    )
     print(f"\n{pool}: kill to every task published again: {at - killed:.1f}s")
     # The sweeps that found it dead published them all, the running and the held ones:
     # none waited for recovery_queued_timeout (600 s here) as a lost message.
@@ -144,7 +121,9 @@ def test_a_message_taken_just_before_the_kill_comes_back_with_the_zombie(
     killed = time.monotonic()
     start_worker(name="survivor", concurrency=1)
 
-    report, at = sweep_until_recovered(client_app, results, ZOMBIE + 4 * SWEEP + 10)
+    report, at = sweep_counting(
+        client_app, recovered(store, results), ZOMBIE + 4 * SWEEP + 10, "the republish"
+    )
     print(f"\nfilesystem/prefork: kill to both published again: {at - killed:.1f}s")
     assert at - killed <= ZOMBIE + 2 * SWEEP + 2
     assert (report.republished, report.reserved_republished, report.lost_republished) == (1, 1, 0)

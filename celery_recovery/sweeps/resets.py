@@ -136,16 +136,10 @@ def reset(
     if inserted:
         # After the commit: a publish failure leaves the next try queued, and the
         # lost-message sweep publishes it once it is overdue.
-        republish(ctx.app, record, try_number + 1, _broker_delay(ctx, record))
+        # A dead worker's receive may still be open on the broker (SQS): wait it out.
+        delay = republish_delay(ctx.app) if dead_job_id is not None else 0
+        republish(ctx.app, record, try_number + 1, delay)
     return SweepOutcome.REPUBLISHED
-
-
-def _broker_delay(ctx: SweepContext, record: Mapping[str, Any]) -> int:
-    """On SQS, how long the new message waits for the receives its dead worker left open
-    (0 for a lost message, which names no job, and on other brokers)."""
-    return republish_delay(
-        ctx.app, ctx.settings.heartbeat_interval, record.get("job_heartbeat"), ctx.now
-    )
 
 
 #: The audit action of a reset, by the state it gave the try.

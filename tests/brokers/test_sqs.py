@@ -15,52 +15,30 @@ from urllib.parse import urlparse
 
 import boto3
 import pytest
-from sqlalchemy import select
 
 from celery_recovery import TaskState
-from celery_recovery.core.records import SweepReport
-from celery_recovery.recovery import recovery_for_app
-from celery_recovery.store.schema import reservations
+from celery_recovery.dead_receives import MARGIN
 from tests.apps.lifecycle import SQS_WAIT_TIME
 from tests.conftest import FAST_SETTINGS
-from tests.sweeps.helpers import count, ledger_lines
+from tests.sweeps.helpers import (
+    count,
+    ledger_lines,
+    reserved_ids,
+    succeeded_tries,
+    sweep_counting,
+)
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
-HEARTBEAT = FAST_SETTINGS["heartbeat_interval"]
 #: The queue's visibility timeout: the dead worker's originals come back this long
 #: after it received them.
 VISIBILITY = 8
-#: The longest the sweep holds back a dead worker's tries on SQS (its last beat, one
-#: interval, the receive's wait and a second; see celery_recovery.dead_receives).
-SQS_HOLD = HEARTBEAT + SQS_WAIT_TIME + 1
-
-
-def reserved_ids(store) -> set[str]:
-    with store.transaction() as conn:
-        return {row.task_id for row in conn.execute(select(reservations.c.task_id))}
-
-
-def sweep_counting(app, condition, timeout: float, what: str) -> SweepReport:
-    """Sweep every sweep interval until ``condition()``; the sums of the reports."""
-    recovery = recovery_for_app(app)
-    total = SweepReport()
-    last = [0.0]
-
-    def step():
-        if time.monotonic() - last[0] >= SWEEP:
-            report = recovery.sweep()
-            for name, value in report.as_dict().items():
-                if isinstance(value, int):
-                    setattr(total, name, getattr(total, name) + value)
-            last[0] = time.monotonic()
-        return condition()
-
-    wait_for(step, timeout, interval=0.1, what=what)
-    return total
+#: How long the sweep holds back a dead worker's tries on SQS (see
+#: celery_recovery.dead_receives).
+SQS_HOLD = SQS_WAIT_TIME + MARGIN
 
 
 @pytest.mark.parametrize(
@@ -102,7 +80,7 @@ def test_a_killed_workers_running_and_prefetched_tasks_run_once_elsewhere(
     doomed.kill()
     killed = time.monotonic()
 
-    total = sweep_counting(
+    total, _ = sweep_counting(
         client_app,
         lambda: all(r.ready() for r in results),
         ZOMBIE + SWEEP + SQS_HOLD + 20,
@@ -117,13 +95,7 @@ def test_a_killed_workers_running_and_prefetched_tasks_run_once_elsewhere(
     assert total.lost_republished == 0 and total.lost_messages == 0, total
     assert total.republished + total.reserved_republished == 4, total
     for result in results:
-        tries = wait_for(
-            lambda r=result: (
-                (t := store.tries.history(r.id))[-1]["state"] == TaskState.SUCCESS and t
-            ),
-            10,
-            what=f"{result.id} to be recorded a success",
-        )
+        tries = succeeded_tries(store, result.id)
         assert [(t["try_number"], t["state"]) for t in tries] == [
             (1, TaskState.UP_FOR_RETRY),
             (2, TaskState.SUCCESS),
@@ -176,10 +148,10 @@ def test_tries_published_again_do_not_go_to_the_receive_the_dead_worker_left_ope
     assert time.monotonic() - killed < LONG_WAIT - 1, "published after the open receive ended"
     # Only now a live worker asks: whatever the dead worker's receive took, it would not get.
     start_worker(name="survivor", concurrency=2, env=env)
-    total = sweep_counting(
+    total, _ = sweep_counting(
         client_app,
         lambda: all(r.ready() for r in results),
-        HEARTBEAT + LONG_WAIT + 1 + 15,
+        LONG_WAIT + MARGIN + 15,
         "both tasks to run on the survivor, not later than the open receive's wait",
     )
     took = time.monotonic() - killed
@@ -210,14 +182,10 @@ def test_a_message_taken_by_a_consumer_that_vanished_is_published_again(
     assert taken, "the message was not in the queue"
     worker = start_worker(name="survivor", concurrency=1)
 
-    total = sweep_counting(client_app, result.ready, 20, "the lost message to run")
+    total, _ = sweep_counting(client_app, result.ready, 20, "the lost message to run")
     print(f"\nsqs: a taken message ran {time.monotonic() - published:.1f}s after its publish")
     assert total.lost_republished == 1, total
-    tries = wait_for(
-        lambda: (t := store.tries.history(result.id))[-1]["state"] == TaskState.SUCCESS and t,
-        10,
-        what="try 2 to be recorded a success",
-    )
+    tries = succeeded_tries(store, result.id)
     assert [(t["try_number"], t["state"]) for t in tries] == [
         (1, TaskState.UP_FOR_RETRY),
         (2, TaskState.SUCCESS),

@@ -107,3 +107,36 @@ def succeeded_tries(store, task_id: str, timeout: float = 10.0) -> list:
         timeout,
         what=f"the last try of {task_id} to succeed",
     )
+
+
+def sweep_counting(app, condition, timeout: float, what: str):
+    """Sweep every recovery_sweep_interval (as beat would) until ``condition()``; the
+    sums of the sweeps' reports, and when the last sweep ran (monotonic seconds)."""
+    from celery_recovery.core.records import SweepReport
+
+    recovery = recovery_for_app(app)
+    interval = recovery.settings.sweep_interval
+    total = SweepReport()
+    last = [0.0]
+
+    def step():
+        if time.monotonic() - last[0] >= interval:
+            report = recovery.sweep()
+            last[0] = time.monotonic()
+            for name, value in report.as_dict().items():
+                if isinstance(value, int):
+                    setattr(total, name, getattr(total, name) + value)
+        return condition()
+
+    wait_for(step, timeout, interval=0.1, what=what)
+    return total, last[0]
+
+
+def reserved_ids(store) -> set[str]:
+    """The task ids of every reservation row (received by a worker, whether started since)."""
+    from sqlalchemy import select
+
+    from celery_recovery.store.schema import reservations
+
+    with store.transaction() as conn:
+        return {row.task_id for row in conn.execute(select(reservations.c.task_id))}

@@ -15,7 +15,7 @@ from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import reservations
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.helpers import count, ledger_lines, running_try, sweep_until
-from tests.workers import wait_for
+from tests.workers import flush_publisher, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,9 @@ def test_a_killed_workers_reserved_and_eta_tasks_run_once_on_another_worker(
         lambda: reserved_ids(store) >= {r.id for r in reserved}, 15, what="doomed to reserve them"
     )
 
-    # Its worker is alive: a sweep leaves what it holds alone.
+    # Its worker is alive: a sweep leaves what it holds alone.  (A worker commits its
+    # reservations sooner than the publisher its records: wait for those too.)
+    flush_publisher(client_app)
     assert recovery.sweep().reserved == 0
     for result in reserved:
         assert [(t["try_number"], t["state"]) for t in store.tries.history(result.id)] == [
