@@ -101,7 +101,7 @@ def _received_at(log: str, task_id: str) -> float | None:
 
 #: When, after the worker took its next message, the demo's kill came: within the
 #: 0.2 s its main process used to gather reservations before committing them.
-KILLED_AFTER_TAKING = 0.12
+KILLED_AFTER_TAKING = 0.15
 
 
 @pytest.mark.parametrize("store_url,broker", [("sqlite", "filesystem")], indirect=["store_url"])
