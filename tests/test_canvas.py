@@ -228,7 +228,12 @@ def canvas_env(
 @pytest.mark.parametrize(
     ("broker", "canvas_env"),
     [
-        pytest.param("redis", ("redis", "postgresql"), id="redis-broker-redis-backend"),
+        pytest.param(
+            "redis",
+            ("redis", "postgresql"),
+            id="redis-broker-redis-backend",
+            marks=pytest.mark.compat,
+        ),
         pytest.param("redis", ("database", "postgresql"), id="redis-broker-db-backend"),
         pytest.param("rabbitmq", ("database", "sqlite"), id="rabbitmq-db-backend"),
     ],

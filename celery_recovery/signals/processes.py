@@ -59,7 +59,8 @@ def on_process_init(sender: Any = None, **_: Any) -> None:
     # Must return within Celery's 4 s limit: the job row is written by the heartbeat thread.
     context = _current()
     if context is not None:
-        _start_worker_job(context, str(sender) if sender else None)
+        # A pool process: its death is its parent's to judge first (sweeps/parents.py).
+        _start_worker_job(context, str(sender) if sender else None, parent_pid=os.getppid())
 
 
 @never_raises
@@ -108,11 +109,16 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
         context.runtime.start_job(JobType.BEAT)
 
 
-def _start_worker_job(context: RecoveryContext, node_name: str | None) -> None:
+def _start_worker_job(
+    context: RecoveryContext, node_name: str | None, parent_pid: int | None = None
+) -> None:
     duty = context.worker_beat_duty
     holder = f"{node_name}:{os.getpid()}"
     context.runtime.start_job(
-        JobType.WORKER, node_name=node_name, on_beat=duty(holder) if duty else None
+        JobType.WORKER,
+        node_name=node_name,
+        on_beat=duty(holder) if duty else None,
+        parent_pid=parent_pid,
     )
 
 

@@ -44,8 +44,11 @@ from celery_recovery.messages import claim_from_request, published_alongside, tr
 from celery_recovery.postpone import was_postponed
 from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.signals.guard import handler_failed, never_raises
+from celery_recovery.time_limits import install as install_time_limits
+from celery_recovery.time_limits import note_failure_signal, soft_limit_reason
 from celery_recovery.worker_lost import (
     claim_counting_deaths,
+    install_failure_context,
     is_lost_process_retry,
     record_lost_process,
     record_lost_retry,
@@ -91,6 +94,8 @@ class _Runs(threading.local):
         self.started: dict[str, float] = {}
         #: Task id -> the error or retry reason set aside for its outcome.
         self.errors: dict[str, str | None] = {}
+        #: Task id -> why its try failed, when the error alone does not say (a soft limit).
+        self.reasons: dict[str, str] = {}
 
 
 _runs = _Runs()
@@ -133,6 +138,9 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None and context_for_app(app) is not None:
         _hook_every_task(app)
+        # The worker's main process: what Celery tells there of failed requests.
+        install_failure_context()
+        install_time_limits()
 
 
 def _hook_every_task(app: Any) -> None:
@@ -230,12 +238,17 @@ def on_failure(
     if _runs_here(task_id):
         # In the process running the try: task_postrun follows and writes the outcome.
         _set_aside(task_id, _describe(exception))
+        reason = soft_limit_reason(exception, sender, sender.request)
+        if reason is not None:
+            _runs.reasons[task_id] = reason
         return
     # In the worker's main process (which pushes the request context first, so the
     # request does not tell): the pool process died (WorkerLostError) or hit a hard
     # time limit, so no task_postrun will come from it.
+    if note_failure_signal(task_id, exception):
+        return  # Celery 5.7's report of a hard limit: recorded by time_limits
     if isinstance(exception, WorkerLostError):
-        record_lost_process(context, sender, exception, args, kwargs)
+        record_lost_process(context, sender, task_id, exception, args, kwargs)
         return
     now = utcnow()
     context.runtime.write(
@@ -310,11 +323,20 @@ def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: A
         runtime.record_start(claim_from_request(task, utcnow(), runtime.job_id, request))
         _requeued(context, task, task_id, NEVER_RAN_REASON)
         return
+    if state is None and entered:
+        # The body was interrupted by a signal that stops this process: a hard time
+        # limit or a terminating revoke, which the worker's main process records, or the
+        # worker's cold shutdown, after which a sweep recovers the try.
+        _runs.started.pop(task_id, None)
+        _take_aside(task_id)
+        return
     outcome = _OUTCOMES.get(state or "")
     if outcome is None:
-        outcome = (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
+        outcome = (TaskState.FAILED, f"ended in state {state or 'unknown'}")
     new, reason = outcome
     error = _take_aside(task_id)
+    if error is not None and _runs.reasons:
+        reason = _runs.reasons.pop(task_id, reason)
     now = utcnow()
     values: dict[str, Any] = {"state": new, "ended_at": now, "updated_at": now}
     if new is TaskState.UP_FOR_RETRY:

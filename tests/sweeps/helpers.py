@@ -33,6 +33,12 @@ def sweep_until(app, condition, timeout: float, what: str):
     return wait_for(step, timeout, interval=0.1, what=what)
 
 
+def sweep_for(app, seconds: float) -> None:
+    """Sweep as beat would for ``seconds``: long enough for every dead job to be judged."""
+    deadline = time.monotonic() + seconds
+    sweep_until(app, lambda: time.monotonic() > deadline, seconds + 10, "the sweeps")
+
+
 def run_concurrently(func, times: int = 2) -> list:
     """Call ``func`` from ``times`` threads released at the same instant; their results."""
     barrier = threading.Barrier(times)

@@ -17,7 +17,7 @@ from tests.conftest import FAST_SETTINGS
 from tests.sweeps.helpers import count, ledger_lines, running_try, sweep_until
 from tests.workers import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]

@@ -24,7 +24,7 @@ from tests.sweeps.helpers import (
 )
 from tests.workers import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
