@@ -38,11 +38,13 @@ def check(d: Deployment, report: Report) -> None:
     suggested = math.ceil(hold.seconds * MARGIN)
     report.found(
         "visibility-timeout-short",
-        Severity.ERROR,
+        Severity.WARNING,
         f"broker {d.masked_broker}",
         f"{hold.source} is longer than the broker's visibility_timeout of {timeout:g}s "
         f"({source}): the broker gives the message to another worker while the first still "
-        "holds it, and the task runs twice.",
+        "holds it, again every timeout. Only celery-recovery's redundant-delivery check, "
+        "which finds the first run live in the store, keeps the task from running twice; it "
+        "cannot while the store is down, nor on a worker without Recovery(app).",
         f"app.conf.broker_transport_options = {{'visibility_timeout': {suggested}}} "
         "(keep the other options you set; celery-recovery, not this timeout, brings back "
         "the tasks of a dead worker)",
