@@ -16,10 +16,16 @@ APP = "tests.doctor.app"
 
 
 def doctor(
-    broker: str, backend: str, store_url: str, *args: str, celery: bool = False
+    broker: str,
+    backend: str,
+    store_url: str,
+    *args: str,
+    celery: bool = False,
+    **more_env: str,
 ) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
+        **more_env,
         "PYTHONPATH": str(ROOT),
         "DOCTOR_TEST_BROKER": broker,
         "DOCTOR_TEST_BACKEND": backend,
@@ -82,3 +88,21 @@ def test_without_an_app_it_cannot_tell(sqlite_url):
     assert result.stderr.strip() == (
         "Error: doctor needs the app: pass --app (or use `celery -A proj recovery doctor`)"
     )
+
+
+def test_thresholds_a_worker_would_refuse_are_named_before_deploying(good_redis, sqlite_url):
+    bad = {"CELERY_RECOVERY_ZOMBIE_THRESHOLD": "5", "CELERY_RECOVERY_SWEEP_INTERVAL": "6"}
+    urls = (f"{good_redis.url}/0", f"{good_redis.url}/1", sqlite_url)
+    result = doctor(*urls, "--json", **bad)
+    assert result.returncode == 1, result.stdout + result.stderr
+    refused = [f for f in json.loads(result.stdout)["findings"] if f["id"] == "settings-refused"]
+    assert [f["subject"] for f in refused] == [
+        "recovery_zombie_threshold",
+        "recovery_sweep_interval",
+    ]
+
+    # An app that installs Recovery at import cannot even be loaded: one line, exit 2.
+    installed = doctor(*urls, DOCTOR_TEST_INSTALL="1", **bad)
+    assert installed.returncode == 2
+    assert "Traceback" not in installed.stderr
+    assert "recovery_zombie_threshold=5s is shorter than 3 heartbeat intervals" in installed.stderr

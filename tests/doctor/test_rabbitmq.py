@@ -7,8 +7,9 @@ import pytest
 from kombu import Queue
 
 from celery_recovery.doctor import ExitStatus
+from celery_recovery.doctor.management import MANAGEMENT_PORT, ServerQueue, server_queue
 from tests.doctor.helpers import finding, ids, make_app, run
-from tests.services import RABBITMQ_URL, require
+from tests.services import RABBITMQ_URL, answering, require
 
 #: A backend the doctor does not read, so that the broker's findings stand alone.
 BACKEND = "db+sqlite:///doctor-results.sqlite3"
@@ -42,8 +43,17 @@ def test_transient_queue_and_messages_and_a_short_consumer_timeout(rabbitmq, sql
         "rabbitmq-queue-not-durable",
         "rabbitmq-transient-messages",
     ]
-    # It asked the server itself.
+    # It asked the server itself, and its management API when that answers.
     assert any(line.startswith("rabbitmq broker amqp://guest:***@") for line in report.read)
+    if answering(f"http://127.0.0.1:{MANAGEMENT_PORT}", MANAGEMENT_PORT):
+        assert any("queue doctor-reports (on the server)" in line for line in report.read)
+    else:
+        assert any(
+            line.startswith(
+                f"rabbitmq management API: http://127.0.0.1:{MANAGEMENT_PORT}/api did not answer"
+            )
+            for line in report.read
+        )
     timeout = finding(report, "rabbitmq-consumer-timeout")
     assert timeout.subject == "queue doctor-reports"
     assert "time_limit=600s of the acks_late task shop.report" in timeout.problem
@@ -82,3 +92,21 @@ def test_a_rabbitmq_that_does_not_answer_cannot_be_told(closed_port, sqlite_url)
     assert report.exit_status is ExitStatus.CANNOT_TELL
     [unknown] = report.unknowns
     assert unknown.check == "rabbitmq" and "did not answer" in unknown.reason
+
+
+def test_the_management_apis_view_of_a_queue():
+    """The API's JSON, as ``GET /api/queues/VHOST/NAME`` returns it (RabbitMQ 3.12+)."""
+    assert server_queue(
+        {"durable": False, "auto_delete": False, "arguments": {"x-consumer-timeout": 90000}}
+    ) == ServerQueue(False, False, 90.0, "x-consumer-timeout")
+    by_policy = server_queue(
+        {
+            "durable": True,
+            "auto_delete": True,
+            "arguments": {},
+            "policy": "long-tasks",
+            "effective_policy_definition": {"consumer-timeout": 3600000},
+        }
+    )
+    assert by_policy == ServerQueue(True, True, 3600.0, "policy long-tasks consumer-timeout")
+    assert server_queue({"durable": True, "arguments": {}}).consumer_timeout is None

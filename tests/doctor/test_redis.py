@@ -140,3 +140,18 @@ def test_eta_horizon_from_the_store_or_the_setting(good_redis, sqlite_url):
     assert (
         "recovery_longest_eta=86400s" in finding(run(declared), "visibility-timeout-short").problem
     )
+
+
+def test_an_sqs_visibility_timeout_is_read_from_the_settings(sqlite_url):
+    """SQS: the doctor reads kombu's options (it does not call AWS)."""
+    app = make_app("sqs://key:secret@127.0.0.1:1", "db+sqlite:///r.db", sqlite_url)
+
+    @app.task(shared=False, name="shop.resize", acks_late=True, time_limit=2400)
+    def resize():
+        return None
+
+    short = finding(run(app), "visibility-timeout-short")
+    assert "visibility_timeout of 1800s (kombu's default)" in short.problem
+    assert short.subject == "broker sqs://key:***@127.0.0.1:1"
+    app.conf.broker_transport_options = {"visibility_timeout": 3600}
+    assert ids(run(app)) == []
