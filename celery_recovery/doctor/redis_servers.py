@@ -44,10 +44,8 @@ class RedisConfig:
 def check(d: Deployment, report: Report) -> None:
     for server in d.redis_servers():
         subject = f"redis {server.address} ({', '.join(server.roles)})"
-        try:
-            config = _read(server)
-        except Exception as exc:
-            report.cannot_tell(NAME, subject, f"did not answer: {mask_secrets(str(exc))}")
+        config = _read_or_say_why(server, subject, report)
+        if config is None:
             continue
         save = "unreadable (CONFIG not allowed)" if config.save is None else repr(config.save)
         report.note(
@@ -56,6 +54,24 @@ def check(d: Deployment, report: Report) -> None:
         )
         _eviction(server, subject, config, report)
         _persistence(server, subject, config, report)
+
+
+def _read_or_say_why(server: RedisServer, subject: str, report: Report) -> RedisConfig | None:
+    import redis
+
+    try:
+        return _read(server)
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        # Answered, but refused: a wrong password, an ACL user without INFO.
+        report.cannot_tell(
+            NAME,
+            subject,
+            f"refused the doctor: {mask_secrets(str(exc))}",
+            "let the URL's user run INFO and CONFIG GET (ACL: +info +config|get)",
+        )
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        report.cannot_tell(NAME, subject, f"did not answer: {mask_secrets(str(exc))}")
+    return None
 
 
 def _eviction(server: RedisServer, subject: str, config: RedisConfig, report: Report) -> None:

@@ -155,3 +155,19 @@ def test_an_sqs_visibility_timeout_is_read_from_the_settings(sqlite_url):
     assert short.subject == "broker sqs://key:***@127.0.0.1:1"
     app.conf.broker_transport_options = {"visibility_timeout": 3600}
     assert ids(run(app)) == []
+
+
+def test_a_user_the_acl_forbids_info_and_config_cannot_tell(good_redis, sqlite_url):
+    """The locks' least-privileged user (docs/security.md) may not read the server."""
+    admin = redis.Redis(port=good_redis.port)
+    admin.execute_command(
+        "ACL", "SETUSER", "locks", "on", ">pw", "~*", "-@all", "+get", "+set", "+ping"
+    )
+    app = make_app(
+        f"redis://locks:pw@127.0.0.1:{good_redis.port}/0", "db+sqlite:///r.db", sqlite_url
+    )
+    report = run(app)
+    [unknown] = report.unknowns
+    assert unknown.reason.startswith("refused the doctor: ") and "pw" not in unknown.reason
+    assert unknown.fix == "let the URL's user run INFO and CONFIG GET (ACL: +info +config|get)"
+    assert report.exit_status is ExitStatus.CANNOT_TELL
