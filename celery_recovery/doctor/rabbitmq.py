@@ -56,7 +56,7 @@ def check(d: Deployment, report: Report) -> None:
 def _server(d: Deployment, report: Report) -> None:
     try:
         with d.broker_connection() as conn:
-            conn.ensure_connection(max_retries=1)
+            conn.ensure_connection(max_retries=0)  # one attempt: a worker must not wait
             properties = getattr(conn.connection, "server_properties", {}) or {}
     except Exception as exc:
         report.cannot_tell(

@@ -144,7 +144,8 @@ def _read(server: RedisServer) -> RedisConfig:
             save=config("save"),
         )
     finally:
-        client.close()
+        # The pool was passed in, so closing the client would leave its socket open.
+        client.connection_pool.disconnect()
 
 
 def _cli(server: RedisServer) -> str:

@@ -171,3 +171,20 @@ def test_a_user_the_acl_forbids_info_and_config_cannot_tell(good_redis, sqlite_u
     assert unknown.reason.startswith("refused the doctor: ") and "pw" not in unknown.reason
     assert unknown.fix == "let the URL's user run INFO and CONFIG GET (ACL: +info +config|get)"
     assert report.exit_status is ExitStatus.CANNOT_TELL
+
+
+def test_without_config_the_policy_is_read_from_info(bad_redis, sqlite_url):
+    """A managed Redis that refuses CONFIG: INFO still tells the eviction policy, not the
+    RDB save points."""
+    admin = redis.Redis(port=bad_redis.port)
+    admin.execute_command("ACL", "SETUSER", "reader", "on", ">pw", "~*", "-@all", "+info")
+    app = make_app(
+        f"redis://reader:pw@127.0.0.1:{bad_redis.port}/0", "db+sqlite:///r.db", sqlite_url
+    )
+    report = run(app)
+    assert ids(report) == ["redis-eviction"]
+    assert "maxmemory-policy is allkeys-lru with maxmemory 67108864 bytes" in (
+        finding(report, "redis-eviction").problem
+    )
+    [unknown] = report.unknowns
+    assert "the RDB save points cannot be read (CONFIG is not allowed)" in unknown.reason
