@@ -193,7 +193,8 @@ class Deployment:
             if values is None:
                 return None
             url = values["database_url"]
-            if sqlite_path(url) is not None and not sqlite_path(url).exists():  # type: ignore[union-attr]
+            path = sqlite_path(url)
+            if path is not None and not path.exists():
                 return None
             self._own_store = Store(url)
         return self._own_store
