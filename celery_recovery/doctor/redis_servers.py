@@ -17,8 +17,8 @@ NAME = "redis"
 #: What each role loses when Redis evicts its keys.
 EVICTED = {
     "broker": "queued and unacknowledged messages are evicted and their tasks vanish",
-    "result backend": "results are evicted, so a sweep reads PENDING and runs a finished "
-    "task again",
+    "result backend": "results are evicted, so a sweep asking about a dead worker's task "
+    "reads PENDING and may run a finished task again",
     "idempotency locks": "idempotency locks and remembered results are evicted, so a "
     "@recoverable task runs twice",
 }
@@ -26,7 +26,8 @@ EVICTED = {
 RESTARTED = {
     "broker": "every queued message is lost (published again only after "
     "recovery_queued_timeout, and never if it was published without celery-recovery)",
-    "result backend": "results are forgotten, so a sweep runs a finished task again",
+    "result backend": "results are forgotten, so a sweep asking about a dead worker's task "
+    "may run a finished task again",
     "idempotency locks": "locks and remembered results are forgotten, so a @recoverable "
     "task runs twice",
 }

@@ -24,7 +24,7 @@ def test_evicting_redis_without_persistence_is_named_with_its_fix(bad_redis, sql
     assert eviction.severity is Severity.ERROR  # a maxmemory is set: it evicts today
     assert eviction.subject == f"redis 127.0.0.1:{bad_redis.port} (broker, result backend)"
     assert "maxmemory-policy is allkeys-lru" in eviction.problem
-    assert "a sweep reads PENDING" in eviction.problem  # what the backend role loses
+    assert "reads PENDING and may run a finished task again" in eviction.problem  # backend
     assert f"redis-cli -h 127.0.0.1 -p {bad_redis.port} CONFIG SET maxmemory-policy noeviction" in (
         eviction.fix
     )
