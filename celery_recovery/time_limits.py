@@ -153,7 +153,12 @@ def _record_hard_limit(
 
 def _context_of(request: Any) -> RecoveryContext | None:
     task = getattr(request, "task", None)
-    return None if task is None else context_for_app(task.app)
+    if task is None:
+        return None
+    context = context_for_app(task.app)
+    if context is None or (context.exclusions and context.exclusions.request(task.name, request)):
+        return None
+    return context
 
 
 def _seconds(value: Any) -> str:

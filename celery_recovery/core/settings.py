@@ -131,6 +131,28 @@ def _module_prefixes(key: str, value: Any) -> tuple[str, ...] | None:
     return tuple(prefixes)
 
 
+def _patterns(key: str, value: Any) -> tuple[str, ...]:
+    """Glob patterns (``fnmatch``: ``*``, ``?``, ``[...]``): a list, or one
+    comma-separated string; unset means none."""
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple | set | frozenset):
+        raise ConfigurationError(
+            f"{key}={value!r} must be a list of glob patterns (or one comma-separated string), "
+            "e.g. ['metrics.*', 'cache.refresh']"
+        )
+    patterns = []
+    for item in items:
+        pattern = item.strip() if isinstance(item, str) else None
+        if not pattern:
+            raise ConfigurationError(
+                f"{key} item {item!r} is not a glob pattern: a non-empty string like 'metrics.*'"
+            )
+        patterns.append(pattern)
+    return tuple(patterns)
+
+
 def _port(key: str, value: Any) -> int | None:
     """TCP port: an integer from 1 to 65535; unset or ``None`` serves nothing."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
@@ -398,6 +420,24 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "its pool runs tasks in the main process). Unset: nothing listens. See docs/metrics.md.",
     ),
     SettingSpec(
+        "exclude_tasks",
+        (),
+        _patterns,
+        "Task names (glob patterns, e.g. `metrics.*`) celery-recovery leaves alone: such a "
+        "task records nothing when published or run, costs nothing beyond one cached name "
+        "look-up, and is never recovered (a killed or lost one is gone, as with plain "
+        "Celery). For trivial high-rate tasks; see docs/tuning.md.",
+    ),
+    SettingSpec(
+        "exclude_queues",
+        (),
+        _patterns,
+        "Queues (glob patterns, matched against the message's routing key: the queue's name "
+        "with Celery's default routing) whose tasks celery-recovery leaves alone, as "
+        "`recovery_exclude_tasks` does. Each message pays one cached look-up of its routing "
+        "key while this is set.",
+    ),
+    SettingSpec(
         "doctor_at_start",
         DEFAULT_DOCTOR_AT_START,
         _flag,
@@ -457,6 +497,8 @@ class RecoverySettings:
     metrics_port: int | None = DEFAULT_METRICS_PORT
     doctor_at_start: bool = DEFAULT_DOCTOR_AT_START
     longest_eta: float | None = DEFAULT_LONGEST_ETA
+    exclude_tasks: tuple[str, ...] = ()
+    exclude_queues: tuple[str, ...] = ()
     web_token: str | None = field(default=None, repr=False)
     web_credentials: str | None = field(default=None, repr=False)
     preset: str = DEFAULT_PRESET

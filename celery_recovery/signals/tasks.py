@@ -48,6 +48,7 @@ from celery_recovery.time_limits import install as install_time_limits
 from celery_recovery.time_limits import note_failure_signal, soft_limit_reason
 from celery_recovery.worker_lost import (
     claim_counting_deaths,
+    failing_request,
     install_failure_context,
     is_lost_process_retry,
     record_lost_process,
@@ -77,6 +78,8 @@ BUILTIN_TASKS_PREFIX = "celery."
 OWN_TASKS_PREFIX = "celery_recovery."
 
 _HOOKED = "_celery_recovery_hooked"
+#: Set on the class of a task ``recovery_exclude_tasks`` names: nothing of it is recorded.
+_EXCLUDED = "_celery_recovery_excluded"
 
 
 class _Runs(threading.local):
@@ -88,6 +91,8 @@ class _Runs(threading.local):
     #: That delivery's request, for its ``task_postrun`` (``task.request`` walks Celery's
     #: request stack: about 1.3 µs, on every task).
     request: Any = None
+    #: Id of the delivery this thread runs from a queue ``recovery_exclude_queues`` names.
+    excluded: str | None = None
 
     def __init__(self) -> None:
         #: Task id -> monotonic time its body started, in this thread.
@@ -144,7 +149,13 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 def _hook_every_task(app: Any) -> None:
+    context = context_for_app(app)
+    exclusions = context.exclusions if context is not None else None
     for task in list(app.tasks.values()):
+        if exclusions and exclusions.tasks.match(task.name):
+            # Left alone: no claim before its body, no outcome after (on_postrun looks).
+            setattr(type(task), _EXCLUDED, True)
+            continue
         own = task.name.startswith(OWN_TASKS_PREFIX)
         _hook(type(task), drops=not own)
         if not own and not task.name.startswith(BUILTIN_TASKS_PREFIX):
@@ -193,6 +204,10 @@ def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
     context = _context_of(task, request)
     if context is None:
         return False
+    exclusions = context.exclusions
+    if exclusions.queues and exclusions.request(None, request):
+        _runs.excluded = task_id
+        return False
     if drops and drop_if_redundant(context, task, task_id, request):
         return True
     runtime = context.runtime
@@ -235,6 +250,8 @@ def on_failure(
     context = _context_of(sender)
     if context is None or task_id is None or isinstance(exception, LostWorkerError):
         return  # LostWorkerError: fired by the sweep's callback delivery, already recorded
+    if _left_alone(context, sender, task_id):
+        return
     if _runs_here(task_id):
         # In the process running the try: task_postrun follows and writes the outcome.
         _set_aside(task_id, _describe(exception))
@@ -271,7 +288,7 @@ def on_failure(
 @never_raises
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
     context = _context_of(sender)
-    if context is None or request is None:
+    if context is None or request is None or _left_alone(context, sender, request.id, request):
         return
     if not _runs_here(request.id) and is_lost_process_retry(reason):
         # task_retry_on_worker_lost: the main process retried a try whose pool process died.
@@ -294,7 +311,7 @@ def on_postrun(
 
 
 def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: Any) -> None:
-    if task is None or task_id is None:
+    if task is None or task_id is None or type(task).__dict__.get(_EXCLUDED):
         return
     runs = _runs
     delivery = runs.delivery
@@ -302,6 +319,9 @@ def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: A
     # The request of the delivery this thread entered is the one Celery still holds.
     request = runs.request if entered else task.request
     runs.delivery = runs.request = None
+    if runs.excluded is not None and runs.excluded == task_id:
+        runs.excluded = None
+        return
     context = _context_of(task, request)
     if context is None:
         return
@@ -393,7 +413,7 @@ def on_revoked(
     **_: Any,
 ) -> None:
     context = context_for_app(sender.app) if sender is not None else None
-    if context is None or request is None:
+    if context is None or request is None or _left_alone(context, sender, request.id, request):
         return
     expected: tuple[TaskState, ...] = (TaskState.QUEUED, TaskState.RUNNING)
     if expired:
@@ -419,6 +439,19 @@ def on_revoked(
             },
         ),
     )
+
+
+def _left_alone(context: RecoveryContext, task: Any, task_id: str, request: Any = None) -> bool:
+    """Whether ``task_id`` is of a task or queue the settings exclude (failure paths only)."""
+    if type(task).__dict__.get(_EXCLUDED):
+        return True
+    exclusions = context.exclusions
+    if not exclusions.queues:
+        return False
+    if _runs.excluded == task_id:
+        return True
+    request = request if request is not None else failing_request(task, task_id)
+    return request is not None and exclusions.request(None, request)
 
 
 def _runs_here(task_id: str) -> bool:
