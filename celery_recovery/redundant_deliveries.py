@@ -19,9 +19,9 @@ deliveries that can be redundant (so the hot path does not pay a round
 trip): those the broker marks redelivered (or SQS counts as received
 before), resumes of deferred tries, those published longer ago than half
 of ``recovery_queued_timeout`` (the lost-message sweep only replaces older
-ones), and those that waited in this
-worker longer than a heartbeat interval (the reserved sweep replaces the
-messages of a worker judged dead, which a paused one still holds).  One that
+ones), and those that waited in this worker longer than a heartbeat
+interval (the reserved sweep replaces the messages of a worker judged dead,
+which a paused one still holds).  One that
 may be redundant and is not is claimed at once, not through the writer: a
 sweep replacing the try at the same moment then either sees the claim or
 makes the claim fail.  A dropped delivery's ``before_start`` raises

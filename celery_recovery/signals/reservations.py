@@ -36,11 +36,11 @@ from celery_recovery.core.timeutils import from_timestamp
 from celery_recovery.republish import RECEIVED_BEFORE_HEADER, RESERVED_AT_HEADER
 from celery_recovery.signals.guard import handler_failed
 
-#: Seconds a prefork worker's main process lets reservations gather before one
-#: commit writes them.  It is the busiest process of the worker (it takes every
-#: message and hands it to a pool process), so it commits a few times a second, not
-#: fifty; a worker killed within this window leaves those few messages to the
-#: queued timeout, as before.
+#: Seconds a prefork worker's main process keeps between two commits.  It is the
+#: busiest process of the worker (it takes every message and hands it to a pool
+#: process), so a busy one commits a few times a second, not fifty; a quiet one
+#: commits a reservation within the writer's claim interval (20 ms).  A worker
+#: killed before the commit leaves those few messages to the queued timeout.
 MAIN_PROCESS_FLUSH_INTERVAL = 0.2
 
 
