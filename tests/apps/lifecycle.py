@@ -438,6 +438,14 @@ def _register_tasks(app: Celery) -> None:
             raise Reject(requeue=True)
         return "second delivery"
 
+    @app.task(
+        shared=False, name="lifecycle.reject_for_good", bind=True, acks_late=True, base=LedgerTask
+    )
+    def reject_for_good(self, ledger):
+        """Drops its own message: Reject(requeue=False)."""
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        raise Reject("not wanted", requeue=False)
+
 
 if os.environ.get("RECOVERY_TEST_HOSTNAME"):
     # Tests run every worker on one machine; this one pretends to be on its own host.

@@ -120,7 +120,9 @@ def test_a_killed_pool_process_fails_its_try_at_once_and_its_callbacks_run_once(
         assert count(ledgers[name], "start") == 1, lines  # never run again by a sweep
         assert count(ledgers[name], "on_failure WorkerLostError") == 1, lines
     assert results["killable"].state == "FAILURE"
-    assert results["killable_quiet"].state == "PENDING"  # ignore_result: Celery stores nothing
+    # ignore_result: Celery 5.5 and 5.7 store nothing; 5.6 stores the failure all the same.
+    quiet = "FAILURE" if celery.VERSION[:2] == (5, 6) else "PENDING"
+    assert results["killable_quiet"].state == quiet
     if not RETRIES_ON_WORKER_LOST:
         return
     retried = ledgers["killable_retried"]
