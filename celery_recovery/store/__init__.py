@@ -4,6 +4,7 @@ Outside this package, import from here only: the repositories' modules and
 the schema are the store's own.
 """
 
+from celery_recovery.store.beat import Fence
 from celery_recovery.store.claims import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
 from celery_recovery.store.retention import RETENTION_TABLES
 from celery_recovery.store.schema import EncodedJSON, unreadable
@@ -23,6 +24,7 @@ __all__ = [
     "SUCCESS",
     "Claim",
     "EncodedJSON",
+    "Fence",
     "Finish",
     "Firing",
     "Store",
