@@ -25,6 +25,7 @@ from typing import Any
 
 from celery import beat as celery_beat
 
+from celery_recovery import metrics
 from celery_recovery.beat.leadership import LEASE, Leadership
 from celery_recovery.beat.policy import ON_TIME, EntryPolicy, RunPlan, plan_runs, window_start
 from celery_recovery.beat.publish import run_task_id, send_run
@@ -63,6 +64,7 @@ class Scheduler(celery_beat.Scheduler):
         self._rows: dict[str, BeatEntryRow] = {}
         self._next: dict[str, tuple[datetime, datetime]] = {}
         self._unconfirmed: dict[str, str] = {}
+        self._serving = False
         super().__init__(app, *args, **kwargs)
 
     # -- Celery's hooks ----------------------------------------------------------
@@ -102,9 +104,15 @@ class Scheduler(celery_beat.Scheduler):
     # -- one tick ----------------------------------------------------------------
 
     def _tick(self) -> float:
+        if not self._serving:
+            self._serving = True
+            _serve_metrics(self.context.settings.metrics_port)
         gained, lost = self.leadership.refresh()
         if lost is not None:
             self._rows.clear()
+            metrics.beat_lead(taken=False)
+        if gained:
+            metrics.beat_lead(taken=True)
         if not self.leadership.leading:
             return self.leadership.wait() or self.leadership.renew_every
         if gained or set(self._rows) != set(self.schedule):
@@ -195,6 +203,7 @@ class Scheduler(celery_beat.Scheduler):
             )  # fmt: skip
             self._after_claim(name, won)
             if won:
+                metrics.beat_runs("missed", plan.missed)
                 logger.warning("celery-recovery beat: %s: %s", name, why)
             return
         for index, run_at in enumerate(plan.send):
@@ -210,7 +219,11 @@ class Scheduler(celery_beat.Scheduler):
                 decisions,
             )  # fmt: skip
             self._after_claim(name, won)
-            if not won or not self._send(name, entry, self._rows[name]):
+            if won and first and plan.missed:
+                metrics.beat_runs("missed", plan.missed)
+                logger.warning("celery-recovery beat: %s: %s", name, why)
+            late = (now - run_at).total_seconds() > ON_TIME
+            if not won or not self._send(name, entry, self._rows[name], "late" if late else "sent"):
                 return
 
     @staticmethod
@@ -290,9 +303,12 @@ class Scheduler(celery_beat.Scheduler):
             return False
         if sent_before:
             self._unconfirmed[name] = task_id
-        return self._send(name, entry, self._rows[name], again=True)
+        outcome = "confirmed" if sent_before else "resent"
+        return self._send(name, entry, self._rows[name], outcome, again=True)
 
-    def _send(self, name: str, entry: Any, row: BeatEntryRow, again: bool = False) -> bool:
+    def _send(
+        self, name: str, entry: Any, row: BeatEntryRow, outcome: str = "sent", again: bool = False
+    ) -> bool:
         """Publish the claimed run ``row`` holds and record it sent; True once recorded."""
         task_id, run_at = str(row["pending_task_id"]), row.get("pending_run_at")
         if run_at is None:
@@ -328,12 +344,22 @@ class Scheduler(celery_beat.Scheduler):
             return False
         self._unconfirmed.pop(name, None)
         self._after_claim(name, True)
+        metrics.beat_runs(outcome)
         scheduled = self.schedule.get(name)
         if scheduled is not None:
             # What Celery's own scheduler keeps on its entries, for whoever reads them.
             scheduled.last_run_at = run_at
             scheduled.total_run_count = self._rows[name].get("total_run_count", 0)
         return True
+
+
+def _serve_metrics(port: int | None) -> None:
+    if port is None:
+        return
+    try:
+        metrics.serve(port)
+    except metrics.MetricsServerError as exc:
+        logger.warning("celery-recovery beat: %s; beat runs on without serving metrics", exc)
 
 
 def _iso(value: datetime | None) -> str:

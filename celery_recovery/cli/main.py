@@ -15,6 +15,7 @@ from celery_recovery.cli.db import db
 from celery_recovery.cli.inspect import inspect
 from celery_recovery.cli.jobs import jobs
 from celery_recovery.cli.run import demo, sweep, triggerer
+from celery_recovery.cli.schedules import schedules
 from celery_recovery.cli.support import load_app
 from celery_recovery.cli.web import web
 
@@ -53,6 +54,7 @@ def recovery(ctx: click.Context, app_spec: str | None, database_url: str | None)
 
 for command in (db, inspect, jobs, sweep, triggerer, demo, web):
     recovery.add_command(command)
+inspect.add_command(schedules)
 
 
 def main() -> None:

@@ -15,10 +15,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from celery_recovery import JobType
 from celery_recovery.beat.policy import ON_TIME
 from celery_recovery.beat.publish import run_task_id
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.sweeps.runner import SWEEP_COMPLETION
 from tests.beat.conftest import leader_pid, queued_runs, wait_for_leader
+from tests.cli.helpers import run
 from tests.conftest import FAST_SETTINGS
 from tests.workers import wait_for
 
@@ -27,6 +30,7 @@ pytestmark = pytest.mark.slow
 EVERY_SECOND = {"every-second": {"task": "lifecycle.noop", "every": 1.0}}
 #: A sweep interval plus a heartbeat interval (the bound of a dead worker).
 BOUND = FAST_SETTINGS["sweep_interval"] + FAST_SETTINGS["heartbeat_interval"]
+HEALTH = FAST_SETTINGS["health_check_threshold"]
 
 
 def assert_each_time_once(runs, entry="every-second"):
@@ -46,7 +50,7 @@ def ledger_runs(path) -> list[tuple[str, datetime]]:
 
 
 def test_the_standby_publishes_the_next_run_within_the_bound_after_a_sigkill(
-    store, start_ha_beat, start_beat_worker, tmp_path
+    store, store_url, start_ha_beat, start_beat_worker, tmp_path
 ):
     # Given a worker and two beats running a 1 s entry (and the recovery sweep)
     ledger = tmp_path / "runs.txt"
@@ -56,6 +60,9 @@ def test_the_standby_publishes_the_next_run_within_the_bound_after_a_sigkill(
     leader = wait_for_leader(store, beats)
     standby = next(b for b in beats if b is not leader)
     wait_for(lambda: len(ledger_runs(ledger)) >= 3, 30, what="three runs on the worker")
+    # The standby is a live beat job, as the leader is (liveness probes pass on both)
+    live = store.jobs.live_jobs(utcnow(), HEALTH, JobType.BEAT)
+    assert {leader.pid, standby.pid} <= {job["pid"] for job in live}
 
     # When the leader is SIGKILLed
     leader.signal(signal.SIGKILL)
@@ -78,6 +85,19 @@ def test_the_standby_publishes_the_next_run_within_the_bound_after_a_sigkill(
     span = round((row["last_run_at"] - min(times)).total_seconds()) + 1
     ran_by_then = [t for t in times if t <= row["last_run_at"]]
     assert len(ran_by_then) + row["missed_count"] == span, (ran_by_then, row)
+    # The probe passes on the standby that now leads, the killed leader long silent
+    wait_for(
+        lambda: (
+            not any(
+                job["pid"] == leader.pid
+                for job in store.jobs.live_jobs(utcnow(), HEALTH, JobType.BEAT)
+            )
+        ),
+        10,
+        what="the killed leader's heartbeat to go stale",
+    )
+    probe = run(store_url, "jobs", "check", "--job-type", "beat")
+    assert probe.exit_code == 0 and f"pid {standby.pid}" in probe.output, probe.output
     # The recovery sweep entry ran under this scheduler too
     assert store.checkins.last_completed(SWEEP_COMPLETION) is not None
     print(f"takeover after SIGKILL, to the run on the worker: {takeover:.3f}s (bound {BOUND}s)")
