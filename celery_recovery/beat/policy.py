@@ -20,6 +20,17 @@ other keys; its ``options`` are free-form)::
 - ``skip``: none; only a run found due within :data:`ON_TIME` seconds is sent.
 
 ``catch_up_window`` defaults to ``recovery_beat_catch_up_window``.
+
+``overlap`` (a run falls due while the entry's previous run is still queued or
+running, as the store knows from the workers' records):
+
+- ``allow`` (default): send it, as Celery does.
+- ``skip``: record it as missed.
+- ``buffer_one``: hold it until the previous run ends, then send it (the
+  catch-up policy then decides among the runs held meanwhile).
+
+Under ``skip`` and ``buffer_one`` one run is sent at a time (``catch_up="all"``
+sends its late runs one after another, each once the previous has ended).
 """
 
 from __future__ import annotations
@@ -40,6 +51,14 @@ OPTION = "recovery"
 ON_TIME = 2.0
 
 
+class Overlap(StrEnum):
+    """What a leader does with a due run while the entry's previous run is not done."""
+
+    ALLOW = "allow"
+    SKIP = "skip"
+    BUFFER_ONE = "buffer_one"
+
+
 class CatchUp(StrEnum):
     """What a leader does with an entry's runs that are already late."""
 
@@ -54,6 +73,7 @@ class EntryPolicy:
 
     catch_up: CatchUp
     window: float
+    overlap: Overlap = Overlap.ALLOW
 
     @classmethod
     def of(cls, name: str, options: Mapping[str, Any] | None, window: float) -> EntryPolicy:
@@ -63,27 +83,38 @@ class EntryPolicy:
         given = (options or {}).get(OPTION)
         if given is None:
             return cls(CatchUp.LATEST, window)
+        keys = ", ".join(repr(k) for k in KEYS)
         if not isinstance(given, Mapping):
-            raise ConfigurationError(
-                f"{where}={given!r} must be a dict with 'catch_up' and/or 'catch_up_window'"
-            )
-        unknown = set(given) - {"catch_up", "catch_up_window"}
+            raise ConfigurationError(f"{where}={given!r} must be a dict with any of {keys}")
+        unknown = set(given) - set(KEYS)
         if unknown:
             raise ConfigurationError(
-                f"{where} has unknown keys {sorted(unknown)!r}; "
-                "allowed: 'catch_up', 'catch_up_window'"
+                f"{where} has unknown keys {sorted(unknown)!r}; allowed: {keys}"
             )
-        catch_up = given.get("catch_up", CatchUp.LATEST.value)
-        if catch_up not in {c.value for c in CatchUp}:
-            allowed = ", ".join(repr(c.value) for c in CatchUp)
-            raise ConfigurationError(
-                f"{where}['catch_up']={catch_up!r} is not a catch-up policy; allowed: {allowed}"
-            )
+        catch_up = _choice(where, "catch_up", given, CatchUp, "a catch-up policy")
+        overlap = _choice(where, "overlap", given, Overlap, "an overlap policy")
         if "catch_up_window" in given:
             window = positive_seconds(
                 f"{where}['catch_up_window']", given["catch_up_window"], timedelta_ok=True
             )
-        return cls(CatchUp(catch_up), window)
+        return cls(CatchUp(catch_up), window, Overlap(overlap))
+
+    @property
+    def one_at_a_time(self) -> bool:
+        """Whether runs wait for the previous one (overlap ``skip`` or ``buffer_one``)."""
+        return self.overlap is not Overlap.ALLOW
+
+
+#: The keys of an entry's ``options["recovery"]``.
+KEYS = ("catch_up", "catch_up_window", "overlap")
+
+
+def _choice(where: str, key: str, given: Mapping[str, Any], kind: type[StrEnum], what: str) -> str:
+    value = given.get(key, next(iter(kind)).value)
+    if value not in {c.value for c in kind}:
+        allowed = ", ".join(repr(c.value) for c in kind)
+        raise ConfigurationError(f"{where}[{key!r}]={value!r} is not {what}; allowed: {allowed}")
+    return str(value)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,8 @@ class AuditReason(StrEnum):
     BEAT_LEADER_GONE = "beat_leader_gone"
     #: Scheduled runs fell due while no beat led; the entry's catch-up policy decided.
     BEAT_MISSED_RUNS = "beat_missed_runs"
+    #: The entry's previous run was still queued or running (its overlap policy decided).
+    BEAT_OVERLAP = "beat_overlap"
     #: A leader claimed a run and lost the lead before confirming it sent.
     BEAT_UNSENT_CLAIM = "beat_unsent_claim"
 

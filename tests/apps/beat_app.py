@@ -37,3 +37,15 @@ def ledger(self, path):
     """Writes its task id and scheduled time to ``path``: a worker-side count of runs."""
     with open(path, "a") as handle:
         handle.write(f"{self.request.id} {self.request.get('recovery_scheduled_at')}\n")
+
+
+@app.task(shared=False, name="beat.span", bind=True)
+def span(self, path, seconds):
+    """Runs ``seconds`` and writes its task id, scheduled time, start and end to ``path``."""
+    import time
+
+    started = time.time()
+    time.sleep(seconds)
+    with open(path, "a") as handle:
+        scheduled = self.request.get("recovery_scheduled_at")
+        handle.write(f"{self.request.id} {scheduled} {started} {time.time()}\n")

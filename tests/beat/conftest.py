@@ -81,14 +81,15 @@ def start_ha_beat(
 @pytest.fixture
 def start_beat_worker(
     store_url: str, broker_urls: tuple[str, str], queue: str, tmp_path: Path
-) -> Iterator[Callable[[], WorkerProcess]]:
+) -> Iterator[Callable[..., WorkerProcess]]:
     """A real worker of tests/apps/beat_app.py (it knows ``beat.ledger``); SIGKILLed at the end."""
     workers: list[WorkerProcess] = []
 
-    def start() -> WorkerProcess:
+    def start(pool: str = "solo", concurrency: int = 1) -> WorkerProcess:
         env = app_env(store_url, broker_urls, queue)
+        log = tmp_path / f"worker{len(workers) + 1}.log"
         worker = WorkerProcess(
-            "tests.apps.beat_app", env, tmp_path / "worker.log", pool="solo", queue=queue
+            "tests.apps.beat_app", env, log, pool=pool, concurrency=concurrency, queue=queue
         )
         workers.append(worker)
         return worker.wait_ready()

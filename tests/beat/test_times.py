@@ -8,7 +8,14 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab, schedule, solar
 
-from celery_recovery.beat.policy import ON_TIME, CatchUp, EntryPolicy, plan_runs, window_start
+from celery_recovery.beat.policy import (
+    ON_TIME,
+    CatchUp,
+    EntryPolicy,
+    Overlap,
+    plan_runs,
+    window_start,
+)
 from celery_recovery.beat.times import MAX_ENUMERATED, due_times, next_after
 from celery_recovery.core.errors import ConfigurationError
 
@@ -157,6 +164,10 @@ def test_an_entry_without_a_policy_gets_the_default():
 def test_a_policy_is_read_from_the_recovery_option():
     options = {"recovery": {"catch_up": "all", "catch_up_window": timedelta(minutes=5)}}
     assert EntryPolicy.of("e", options, 600.0) == EntryPolicy(CatchUp.ALL, 300.0)
+    options = {"recovery": {"overlap": "buffer_one"}}
+    policy = EntryPolicy.of("e", options, 600.0)
+    assert policy == EntryPolicy(CatchUp.LATEST, 600.0, Overlap.BUFFER_ONE)
+    assert policy.one_at_a_time and not EntryPolicy.of("e", {}, 1.0).one_at_a_time
 
 
 @pytest.mark.parametrize(
@@ -165,6 +176,7 @@ def test_a_policy_is_read_from_the_recovery_option():
         ({"catch_up": "sometimes"}, r"\['catch_up'\]='sometimes' is not a catch-up policy"),
         ({"catch_up_window": -1}, r"\['catch_up_window'\]=-1 must be a positive"),
         ({"catchup": "all"}, r"unknown keys \['catchup'\]"),
+        ({"overlap": "queue"}, r"\['overlap'\]='queue' is not an overlap policy"),
         ("all", r"must be a dict"),
     ],
 )
