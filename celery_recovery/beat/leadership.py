@@ -26,6 +26,7 @@ from datetime import datetime
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.health import StoreHealth
 from celery_recovery.store import Fence, Store
 
 logger = logging.getLogger("celery_recovery.beat")
@@ -51,8 +52,11 @@ class Leadership:
         clock: Callable[[], datetime],
         holder: str | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        health: StoreHealth | None = None,
     ) -> None:
         self.store = store
+        #: Logs the first failure of an outage and the recovery, not every attempt.
+        self.health = health or StoreHealth(settings.masked_database_url)
         self.clock = clock
         self.holder = holder or holder_name()
         self.ttl = settings.sweep_interval
@@ -83,8 +87,12 @@ class Leadership:
         try:
             token = self.store.leases.acquire_lease(LEASE, self.holder, self.clock(), self.ttl)
         except StoreError as exc:
-            logger.warning("celery-recovery beat: the store did not answer (%s)", exc)
+            # Tried again at the same pace (no backoff): the lead must not wait once
+            # the store is back.
+            self.health.record_failure(exc, "renewing or taking the beat lead")
             token = None
+        else:
+            self.health.record_success()
         if token is None:
             self.token = None
             if previous is not None:

@@ -51,7 +51,9 @@ class Scheduler(celery_beat.Scheduler):
                 "call Recovery(app) in the module that creates it (the one `-A` names)"
             )
         self.context: RecoveryContext = context
-        self.leadership = Leadership(context.store, context.settings, context.clock)
+        self.leadership = Leadership(
+            context.store, context.settings, context.clock, health=context.runtime.health
+        )
         self.policies: dict[str, EntryPolicy] = {}
         self.ledger = RunLedger(context, self.leadership, app, lambda: self.producer)
         self._next: dict[str, tuple[datetime, datetime]] = {}
@@ -75,7 +77,7 @@ class Scheduler(celery_beat.Scheduler):
         try:
             return self._tick()
         except StoreError as exc:
-            logger.warning("celery-recovery beat: store error, trying again: %s", exc)
+            self.context.runtime.health.record_failure(exc, "running the beat schedule")
             self.ledger.rows.clear()
             return self.leadership.renew_every
 

@@ -60,9 +60,11 @@ def start_ha_beat(
     """Start beats running the given schedule (see tests/apps/beat_app.py); killed at the end."""
     beats: list[BeatProcess] = []
 
-    def start(schedule: dict[str, Any], sweep: bool = False) -> BeatProcess:
+    def start(
+        schedule: dict[str, Any], sweep: bool = False, database_url: str | None = None
+    ) -> BeatProcess:
         env = {
-            **app_env(store_url, broker_urls, queue),
+            **app_env(database_url or store_url, broker_urls, queue),
             "RECOVERY_TEST_BEAT_SCHEDULE": json.dumps(schedule),
         }
         if sweep:
