@@ -27,12 +27,12 @@ from celery_recovery.core.errors import StoreError
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.health import StoreHealth
-from celery_recovery.store import Fence, Store
+from celery_recovery.store import BEAT_LEASE, Fence, Store
 
 logger = logging.getLogger("celery_recovery.beat")
 
 #: The lease the leading beat holds (a row of the ``leases`` table).
-LEASE = "beat-leader"
+LEASE = BEAT_LEASE
 #: Part of the lease's length kept in hand: a publish starts only with more left.
 SAFETY = 0.25
 

@@ -114,18 +114,35 @@ class RunLedger:
                 return
             first = index == 0
             decisions = _decisions(name, entry.task, plan, why, now) if first else []
+            missed = plan.missed if first else 0
+            task_id, token = run_task_id(name, run_at), self.leadership.fence.token
             won = store.beat.claim_run(
-                name, self.rows[name]["last_run_at"], run_at, run_task_id(name, run_at),
-                self.leadership.fence, self.context.clock(), plan.missed if first else 0,
-                plan.missed_at if first else None, why if first and plan.missed else None,
-                decisions,
+                name, self.rows[name]["last_run_at"], run_at, task_id, self.leadership.fence,
+                self.context.clock(), missed, plan.missed_at if missed else None,
+                why if missed else None, decisions,
             )  # fmt: skip
-            self._reread(name, won)
-            if won and first and plan.missed:
+            if not won:
+                self._reread(name, won)
+                return
+            # What the claim wrote, without reading it back.
+            row = self.rows[name]
+            row.update(
+                {
+                    "last_run_at": run_at,
+                    "pending_run_at": run_at,
+                    "pending_task_id": task_id,
+                    "pending_token": token,
+                    "total_run_count": row.get("total_run_count", 0) + 1,
+                    "missed_count": row.get("missed_count", 0) + missed,
+                }
+            )
+            if missed:
+                row.update({"last_missed_at": plan.missed_at, "last_missed_reason": why})
+            if first and plan.missed:
                 metrics.beat_runs("missed", plan.missed)
                 logger.warning("celery-recovery beat: %s: %s", name, why)
             late = (now - run_at).total_seconds() > ON_TIME
-            if not won or not self._send(name, entry, "late" if late else "sent"):
+            if not self._send(name, entry, "late" if late else "sent"):
                 return
 
     def send_pending(self, name: str, entry: Any) -> bool:
@@ -186,15 +203,27 @@ class RunLedger:
             # The publish record is what tells the next leader this run was sent.
             self.context.runtime.writer.flush(timeout=2.0)
         token = self.leadership.token
-        sent = token is not None and self.context.store.beat.mark_sent(
-            name, task_id, token, self.context.clock()
-        )
-        if token is not None:
-            self._unconfirmed.pop(name, None)
+        if token is None:
+            return False
+        sent_at = self.context.clock()
+        sent = self.context.store.beat.mark_sent(name, task_id, token, sent_at)
+        self._unconfirmed.pop(name, None)
+        if not sent:
             self._reread(name, sent)
-        if sent:
-            metrics.beat_runs(outcome)
-        return sent
+            return False
+        # What mark_sent wrote, without reading it back.
+        row.update(
+            {
+                "last_sent_run_at": run_at,
+                "last_task_id": task_id,
+                "last_sent_at": sent_at,
+                "pending_run_at": None,
+                "pending_task_id": None,
+                "pending_token": None,
+            }
+        )
+        metrics.beat_runs(outcome)
+        return True
 
     def _reread(self, name: str, won: bool) -> None:
         """Read the entry's row again: what was just changed, or what another beat did."""

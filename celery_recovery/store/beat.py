@@ -22,6 +22,9 @@ from celery_recovery.store.audit import append_decisions
 from celery_recovery.store.repository import Repository, row_of, rows_of
 from celery_recovery.store.schema import beat_entries, leases
 
+#: The lease the leading beat holds (a row of ``leases``).
+BEAT_LEASE = "beat-leader"
+
 
 class Fence:
     """The lease a beat leader holds: its name, holder and fencing token."""
