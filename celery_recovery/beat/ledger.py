@@ -92,10 +92,10 @@ class RunLedger:
         why: str,
         reason: AuditReason,
         now: datetime,
-    ) -> None:
-        """Record the plan's missed runs, sending none."""
+    ) -> bool:
+        """Record the plan's missed runs, sending none; False when nothing was recorded."""
         if not plan.missed:
-            return
+            return False
         row = self.rows[name]
         won = self.context.store.beat.claim_run(
             name, row["last_run_at"], None, None, self.leadership.fence, now,
@@ -105,13 +105,17 @@ class RunLedger:
         if won:
             metrics.beat_runs("missed", plan.missed)
             logger.warning("celery-recovery beat: %s: %s", name, why)
+        return won
 
-    def claim_and_send(self, name: str, entry: Any, plan: RunPlan, why: str, now: datetime) -> None:
-        """Claim and send the plan's runs in order; the first claim records its missed ones."""
+    def claim_and_send(self, name: str, entry: Any, plan: RunPlan, why: str, now: datetime) -> bool:
+        """Claim and send the plan's runs in order; the first claim records its missed ones.
+
+        False when a claim or a send did not go through (lost lead, broker down).
+        """
         store = self.context.store
         for index, run_at in enumerate(plan.send):
             if not self.leadership.may_publish():
-                return
+                return False
             first = index == 0
             decisions = _decisions(name, entry.task, plan, why, now) if first else []
             missed = plan.missed if first else 0
@@ -123,7 +127,7 @@ class RunLedger:
             )  # fmt: skip
             if not won:
                 self._reread(name, won)
-                return
+                return False
             # What the claim wrote, without reading it back.
             row = self.rows[name]
             row.update(
@@ -143,7 +147,8 @@ class RunLedger:
                 logger.warning("celery-recovery beat: %s: %s", name, why)
             late = (now - run_at).total_seconds() > ON_TIME
             if not self._send(name, entry, "late" if late else "sent"):
-                return
+                return False
+        return True
 
     def send_pending(self, name: str, entry: Any) -> bool:
         """Send (or confirm) the entry's claimed, unsent run; True once it is recorded sent."""

@@ -193,10 +193,12 @@ class Scheduler(celery_beat.Scheduler):
                     f"{row.get('last_task_id')} is still {going} (overlap=skip)"
                 )
         if plan.send:
-            self.ledger.claim_and_send(name, entry, plan, why, now)
+            done = self.ledger.claim_and_send(name, entry, plan, why, now)
         else:
-            self.ledger.record_missed(name, entry.task, plan, why, reason, now)
-        return 0.0
+            done = self.ledger.record_missed(name, entry.task, plan, why, reason, now)
+        # Straight on after progress; after a lost claim or a failed send, not before
+        # the next renewal (a busy loop would only hammer the store or the broker).
+        return 0.0 if done else self.leadership.renew_every
 
     def _mirror(self, name: str) -> None:
         """Keep on Celery's entry what its own scheduler keeps, for whoever reads it."""

@@ -18,6 +18,7 @@ from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store import Fence
+from celery_recovery.store.schema import beat_entries
 from tests.beat.conftest import queued_runs
 
 ENTRY = {"e": {"task": "lifecycle.noop", "schedule": 3600.0}}
@@ -173,3 +174,28 @@ def test_renewals_and_attempts_are_paced(store):
     mono.now += 0.25
     assert leadership.refresh() == (False, 1)  # due: finds the lead lost
     assert not leadership.leading and not leadership.may_publish()
+
+
+def test_a_leader_whose_lease_was_taken_behind_its_back_sends_nothing_and_does_not_spin(
+    app, store, broker_urls, queue
+):
+    scheduler = Scheduler(app=app)
+    mono = Clock()
+    scheduler.leadership._monotonic = mono  # no renewal falls due during the test
+    try:
+        scheduler.tick()
+        assert scheduler.leadership.leading
+        # Its lease goes to another beat (its own clock still says it may publish) ...
+        store.leases.release_lease(LEASE, scheduler.leadership.holder)
+        store.leases.acquire_lease(LEASE, "other", utcnow(), 60.0)
+        # ... while its entry falls due
+        with store.transaction() as conn:
+            conn.execute(beat_entries.update().values(last_run_at=utcnow() - timedelta(hours=2)))
+        scheduler.ledger.rows.clear()  # read the rows again
+        wait = scheduler.tick()
+    finally:
+        scheduler.close()
+    # Then its claim fails in the store: nothing is sent, and it waits before trying again
+    assert queued_runs(broker_urls[0], queue, copies=True) == []
+    assert wait >= scheduler.leadership.renew_every / 2
+    assert store.beat.entry("e")["total_run_count"] == 0
