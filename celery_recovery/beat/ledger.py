@@ -4,9 +4,9 @@ For every run the leader
 
 1. claims (entry, scheduled time) in the store, in one compare-and-set that also
    checks its lease and token;
-2. publishes, outside any transaction, with the task id derived from the pair,
-   and flushes its publish record to the store;
-3. records the run sent.
+2. publishes, outside any transaction, with the task id derived from the pair;
+3. once every run of the tick is published, flushes their publish records to the
+   store, then records them sent, in one transaction.
 
 A run claimed and never confirmed sent (a failed publish, a leader killed or
 paused between 1 and 3) is taken over by the next leader: confirmed when the
@@ -55,6 +55,8 @@ class RunLedger:
         #: Runs this process published and has not yet recorded sent (the record
         #: failed): recorded on the next tick, never published again.
         self._unconfirmed: dict[str, str] = {}
+        #: Runs published in this tick, to record sent at its end: (name, task id, outcome).
+        self._sent: list[tuple[str, str, str]] = []
 
     def load(self, entries: Mapping[str, Any], gained: bool) -> None:
         """Register ``entries`` (new ones start now) and read every row."""
@@ -114,9 +116,11 @@ class RunLedger:
         """
         store = self.context.store
         for index, run_at in enumerate(plan.send):
+            first = index == 0
+            if not first and name not in self.confirm():
+                return False  # the entry's next claim waits for its previous run's record
             if not self.leadership.may_publish():
                 return False
-            first = index == 0
             decisions = _decisions(name, entry.task, plan, why, now) if first else []
             missed = plan.missed if first else 0
             task_id, token = run_task_id(name, run_at), self.leadership.fence.token
@@ -151,7 +155,8 @@ class RunLedger:
         return True
 
     def send_pending(self, name: str, entry: Any) -> bool:
-        """Send (or confirm) the entry's claimed, unsent run; True once it is recorded sent."""
+        """Send (or confirm) the entry's claimed, unsent run; True once it is published
+        (recorded sent by :meth:`confirm`)."""
         row = self.rows[name]
         task_id = str(row["pending_task_id"])
         fence = self.leadership.fence
@@ -180,7 +185,7 @@ class RunLedger:
         return self._send(name, entry, "confirmed" if sent_before else "resent", again=True)
 
     def _send(self, name: str, entry: Any, outcome: str = "sent", again: bool = False) -> bool:
-        """Publish the claimed run the entry's row holds and record it sent."""
+        """Publish the claimed run the entry's row holds (once); :meth:`confirm` records it."""
         row = self.rows[name]
         task_id, run_at = str(row["pending_task_id"]), row.get("pending_run_at")
         if run_at is None:
@@ -205,30 +210,49 @@ class RunLedger:
                 )
                 return False
             self._unconfirmed[name] = task_id
-            # The publish record is what tells the next leader this run was sent.
-            self.context.runtime.writer.flush(timeout=2.0)
+        self._sent.append((name, task_id, outcome))
+        return True
+
+    def start_tick(self) -> None:
+        """Forget what the last tick left to confirm (its rows tell again what is pending)."""
+        self._sent.clear()
+
+    def confirm(self) -> set[str]:
+        """Record the runs published since the last call sent; returns their entries.
+
+        Their publish records are flushed to the store first: they are what tells
+        the next leader that a run it finds claimed and unconfirmed was sent.
+        """
+        if not self._sent:
+            return set()
+        sent, self._sent = self._sent, []
         token = self.leadership.token
         if token is None:
-            return False
+            return set()  # lost the lead: the next leader confirms them from the records
+        self.context.runtime.writer.flush(timeout=2.0)
         sent_at = self.context.clock()
-        sent = self.context.store.beat.mark_sent(name, task_id, token, sent_at)
-        self._unconfirmed.pop(name, None)
-        if not sent:
-            self._reread(name, sent)
-            return False
-        # What mark_sent wrote, without reading it back.
-        row.update(
-            {
-                "last_sent_run_at": run_at,
-                "last_task_id": task_id,
-                "last_sent_at": sent_at,
-                "pending_run_at": None,
-                "pending_task_id": None,
-                "pending_token": None,
-            }
+        done = self.context.store.beat.mark_sent_many(
+            [(name, task_id) for name, task_id, _ in sent], token, sent_at
         )
-        metrics.beat_runs(outcome)
-        return True
+        for name, task_id, outcome in sent:
+            self._unconfirmed.pop(name, None)
+            if name not in done:
+                self._reread(name, False)
+                continue
+            row = self.rows[name]
+            # What mark_sent_many wrote, without reading it back.
+            row.update(
+                {
+                    "last_sent_run_at": row.get("pending_run_at"),
+                    "last_task_id": task_id,
+                    "last_sent_at": sent_at,
+                    "pending_run_at": None,
+                    "pending_task_id": None,
+                    "pending_token": None,
+                }
+            )
+            metrics.beat_runs(outcome)
+        return done
 
     def _reread(self, name: str, won: bool) -> None:
         """Read the entry's row again: what was just changed, or what another beat did."""

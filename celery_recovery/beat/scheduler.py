@@ -112,11 +112,14 @@ class Scheduler(celery_beat.Scheduler):
             return self.leadership.wait() or self.leadership.renew_every
         if gained or set(self.ledger.rows) != set(self.schedule):
             self.ledger.load(self.schedule, gained)
+        self.ledger.start_tick()
         soonest = float(self.max_interval)
         for name, entry in list(self.schedule.items()):
             if not self.leadership.may_publish():
                 break
             soonest = min(soonest, self._entry_tick(name, entry))
+        for name in self.ledger.confirm():
+            self._mirror(name)
         return max(0.0, min(soonest, self.leadership.wait()))
 
     def _entry_tick(self, name: str, entry: Any) -> float:
@@ -142,17 +145,13 @@ class Scheduler(celery_beat.Scheduler):
         if row is None:
             return self.leadership.renew_every
         if row.get("pending_task_id"):
-            if not self.ledger.send_pending(name, entry):
-                return self.leadership.renew_every
-            row = self.ledger.rows[name]
-            self._mirror(name)
+            # Sent (or confirmed) now, recorded at the tick's end: decided on the next.
+            return 0.0 if self.ledger.send_pending(name, entry) else self.leadership.renew_every
         now = self.context.clock()
         upcoming = self._upcoming(name, entry, row["last_run_at"], now)
         if upcoming > now:
             return (upcoming - now).total_seconds()
-        wait = self._decide(name, entry, now)
-        self._mirror(name)
-        return wait
+        return self._decide(name, entry, now)
 
     def _upcoming(self, name: str, entry: Any, last: datetime, now: datetime) -> datetime:
         cached = self._next.get(name)

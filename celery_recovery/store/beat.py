@@ -178,19 +178,31 @@ class BeatRepository(Repository):
 
     def mark_sent(self, name: str, task_id: str, token: int, now: datetime) -> bool:
         """Record that the claimed run ``task_id`` was sent; False if no longer ours."""
+        return name in self.mark_sent_many([(name, task_id)], token, now)
+
+    def mark_sent_many(
+        self, runs: Sequence[tuple[str, str]], token: int, now: datetime
+    ) -> set[str]:
+        """Record the claimed runs ``(entry name, task id)`` sent, in one transaction;
+        returns the names of those still claimed with ``token`` (the others changed
+        nothing)."""
         c = beat_entries.c
-        stmt = (
-            update(beat_entries)
-            .where(c.name == name, c.pending_task_id == task_id, c.pending_token == token)
-            .values(
-                last_sent_run_at=c.pending_run_at,
-                last_task_id=task_id,
-                last_sent_at=now,
-                pending_run_at=None,
-                pending_task_id=None,
-                pending_token=None,
-                updated_at=now,
-            )
-        )
+        done: set[str] = set()
         with self.transaction() as conn:
-            return conn.execute(stmt).rowcount == 1
+            for name, task_id in runs:
+                stmt = (
+                    update(beat_entries)
+                    .where(c.name == name, c.pending_task_id == task_id, c.pending_token == token)
+                    .values(
+                        last_sent_run_at=c.pending_run_at,
+                        last_task_id=task_id,
+                        last_sent_at=now,
+                        pending_run_at=None,
+                        pending_task_id=None,
+                        pending_token=None,
+                        updated_at=now,
+                    )
+                )
+                if conn.execute(stmt).rowcount == 1:
+                    done.add(name)
+        return done
