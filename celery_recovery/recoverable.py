@@ -115,6 +115,9 @@ def recoverable(
                 return function(*args, **kwargs)
             return call.run()
 
+        # How `celery-recovery doctor` knows the app takes idempotency locks (and so
+        # which Redis must keep them).
+        guarded.__recoverable__ = options  # type: ignore[attr-defined]
         return guarded  # type: ignore[return-value]
 
     if func is not None:

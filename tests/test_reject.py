@@ -8,6 +8,8 @@ from celery_recovery import TaskState
 from celery_recovery.recovery import recovery_for_app
 from tests.workers import wait_for
 
+pytestmark = pytest.mark.compat
+
 
 @pytest.mark.slow
 def test_a_message_rejected_with_requeue_runs_again_as_the_same_try(

@@ -55,6 +55,9 @@ def _reserve(sender: Any, request: Any) -> None:
     context = context_for_app(getattr(sender, "app", None))
     if context is None or request is None:
         return
+    exclusions = context.exclusions
+    if exclusions and exclusions.request(request.task_name, request):
+        return
     runtime = context.runtime
     job_id = runtime.job_id
     if job_id is None:

@@ -106,6 +106,23 @@ def _end_worker_once_the_chain_ran(sender=None, headers=None, **_):
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
+def _overrun(self, ledger):
+    """Sleeps past its task's time limit (lets SoftTimeLimitExceeded escape)."""
+    _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+    time.sleep(60)
+
+
+def log_failure_listeners(app: Celery, path: str) -> None:
+    """A failure listener that appends what it hears to ``path`` (whichever process sweeps:
+    the test's, or a worker's fallback sweep)."""
+    from celery_recovery.recovery import recovery_for_app
+
+    def listener(task_id, task_name, try_number, kind, exception):
+        _append(path, f"{kind} {task_id} try={try_number} {type(exception).__name__}")
+
+    recovery_for_app(app).add_failure_listener(listener)
+
+
 class LedgerTask(Task):
     """Records each on_failure/on_retry call in the task's ledger file."""
 
@@ -201,6 +218,32 @@ def _register_tasks(app: Celery) -> None:
         """Kills its own process, as a task the OOM killer always picks would."""
         _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
         os.kill(os.getpid(), signal.SIGKILL)
+
+    @app.task(shared=False, name="lifecycle.self_kill", bind=True, base=LedgerTask, max_retries=2)
+    def self_kill(self, ledger):
+        """Kills its own pool process on every run, with early acknowledgement.
+
+        Not at once: a process killed before the worker's main process has read that it
+        accepted the job has the job put back into another process by the pool (plain
+        Celery runs it twice too); this test task is about a death mid-body."""
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # Time limits: each runs far past its limit on every try.
+    for name, options in (
+        ("hard_limited", {"time_limit": 1}),
+        ("soft_limited", {"soft_time_limit": 1, "time_limit": 30}),
+        ("hard_limited_late", {"time_limit": 1, "acks_late": True, "reject_on_worker_lost": True}),
+    ):
+        app.task(
+            shared=False,
+            name=f"lifecycle.{name}",
+            bind=True,
+            base=LedgerTask,
+            max_retries=2,
+            **options,
+        )(_overrun)
 
     @app.task(shared=False, name="lifecycle.spawn", bind=True)
     def spawn(self, ledger, child_id):
@@ -382,6 +425,8 @@ app = create_app(
     ),
     prefetch_multiplier=int(os.environ.get("RECOVERY_TEST_PREFETCH") or 1),
 )
+if os.environ.get("RECOVERY_TEST_LISTENER_LOG"):
+    log_failure_listeners(app, os.environ["RECOVERY_TEST_LISTENER_LOG"])
 if os.environ.get("RECOVERY_TEST_BACKEND_RETRIES"):
     # Celery retries an unreachable Redis result backend for ~20 s before it gives up.
     app.conf.result_backend_transport_options = {

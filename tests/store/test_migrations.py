@@ -113,8 +113,9 @@ def test_a_version_table_with_two_revisions_is_refused_with_what_to_do(tmp_path)
     upgrade(engine)
     with engine.begin() as conn:
         conn.execute(text(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('0010')"))
-    two = rf"several schema revisions \(0010, {HEAD_REVISION}\)"
-    with pytest.raises(StoreSchemaError, match=two):
+    with pytest.raises(
+        StoreSchemaError, match=rf"several schema revisions \(0010, {HEAD_REVISION}\)"
+    ):
         ensure_schema(engine)
     engine.dispose()
 

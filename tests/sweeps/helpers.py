@@ -33,6 +33,30 @@ def sweep_until(app, condition, timeout: float, what: str):
     return wait_for(step, timeout, interval=0.1, what=what)
 
 
+def sweep_for(app, seconds: float) -> None:
+    """Sweep as beat would for ``seconds``: long enough for every dead job to be judged."""
+    deadline = time.monotonic() + seconds
+    sweep_until(app, lambda: time.monotonic() > deadline, seconds + 10, "the sweeps")
+
+
+def restore_unacked(app, visibility: float) -> None:
+    """Put Redis messages unacknowledged for longer than ``visibility`` seconds back in
+    their queues now, as a worker's kombu does on its own timer.
+
+    kombu 5.7 runs that timer every second with the tests' transport options; kombu 5.5
+    has no such options and restores every ~100 s, past the tests' deadlines, so there
+    the test restores them itself (any client may: the unacked messages live in Redis).
+    """
+    import kombu
+
+    if kombu.VERSION >= (5, 7) or not app.conf.broker_url.startswith("redis"):
+        return
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        channel.visibility_timeout = visibility
+        channel.qos.restore_visible(num=100)
+
+
 def run_concurrently(func, times: int = 2) -> list:
     """Call ``func`` from ``times`` threads released at the same instant; their results."""
     barrier = threading.Barrier(times)

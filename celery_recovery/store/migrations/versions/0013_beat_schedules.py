@@ -5,8 +5,8 @@ not yet sent (with the fencing token of the leader that claimed it), the last
 run sent, and what was missed.  The beat leader's lease is a row of
 ``leases``, as the workers' fallback sweep lease is.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-04
 """
 
@@ -17,8 +17,8 @@ from alembic import op
 
 from celery_recovery.store.schema import UTCDateTime
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
