@@ -72,14 +72,14 @@ def _beat(url: str, queue: str, preset: str | None, log: Path) -> subprocess.Pop
         )  # fmt: skip
 
 
-def _until(condition, timeout: float, poll: float = 0.005):  # type: ignore[no-untyped-def]
+def _until(condition, timeout: float, poll: float = 0.005, what: str = ""):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
         time.sleep(poll)
-    raise SystemExit(f"timed out after {timeout}s")
+    raise SystemExit(f"timed out after {timeout}s waiting for {what}")
 
 
 def takeover(kills: int, preset: str | None) -> dict:
@@ -114,17 +114,19 @@ def takeover(kills: int, preset: str | None) -> dict:
     try:
         for _ in range(kills):
             pids = {b.pid for b in beats}
-            _until(lambda p=pids: p <= live_beats() and holder_pid() in p, 60, 0.05)
+            _until(
+                lambda p=pids: p <= live_beats() and holder_pid() in p, 60, 0.05, "two live beats"
+            )
             leader = next(b for b in beats if b.pid == holder_pid())
             standby = next(b for b in beats if b is not leader)
-            _until(lambda: client.llen(queue) > 0, 30, 0.05)
+            _until(lambda: client.llen(queue) > 0, 30, 0.05, "a first run")
             before = client.llen(queue)
             os.killpg(leader.pid, signal.SIGKILL)
             killed = time.monotonic()
             leader.wait()
-            _until(lambda s=standby.pid: holder_pid() == s, 60)
+            _until(lambda s=standby.pid: holder_pid() == s, 60, what="the standby to lead")
             to_lease.append(time.monotonic() - killed)
-            _until(lambda b=before: client.llen(queue) > b, 60)
+            _until(lambda b=before: client.llen(queue) > b, 60, what="the standby's run")
             to_run.append(time.monotonic() - killed)
             beats = [standby, _beat(url, queue, preset, logs / f"b{len(to_run) + 1}.log")]
     finally:
