@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from celery_recovery.beat.leadership import LEASE
 from celery_recovery.core.audit import AuditAction, AuditReason, beat_decision
-from celery_recovery.store import Fence
+from celery_recovery.store import Fence, Store
 
 T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 TTL = 5.0
@@ -118,3 +118,26 @@ def test_a_released_lease_goes_to_the_next_beat_at_once_with_a_new_token(store):
     assert store.leases.release_lease(LEASE, "a")
     assert store.leases.acquire_lease(LEASE, "b", T0, TTL) == first.token + 1
     assert store.leases.lease(LEASE)["holder"] == "b"
+
+
+def test_the_beat_migration_goes_down_and_up_again(store_url):
+    from alembic import command
+    from sqlalchemy import inspect
+
+    from celery_recovery.store.engine import create_store_engine
+    from celery_recovery.store.migrate import alembic_config, current_revision
+
+    ready = Store(store_url)
+    ready.ensure_ready()
+    ready.dispose()
+    engine = create_store_engine(store_url, for_migrations=True)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "0012")
+        assert not inspect(engine).has_table("beat_entries")
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "head")
+        assert inspect(engine).has_table("beat_entries")
+        assert current_revision(engine) == "0013"
+    finally:
+        engine.dispose()
