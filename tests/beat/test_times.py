@@ -183,3 +183,10 @@ def test_a_policy_is_read_from_the_recovery_option():
 def test_a_bad_policy_is_refused_naming_the_entry_and_key(given, message):
     with pytest.raises(ConfigurationError, match=r"beat_schedule\['report'\].*" + message):
         EntryPolicy.of("report", {"recovery": given}, 600.0)
+
+
+def test_a_crontab_keeps_its_local_hour_when_the_app_does_not_use_utc(app):
+    app.conf.enable_utc = False
+    daily = crontab(hour=7, minute=30, app=app)
+    found = next_after(daily, T0, T0)
+    assert found == datetime(2026, 12, 5, 6, 30, tzinfo=UTC)  # 07:30 in Paris
