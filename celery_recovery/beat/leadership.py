@@ -37,9 +37,18 @@ LEASE = BEAT_LEASE
 SAFETY = 0.25
 
 
+_holders: dict[int, str] = {}
+
+
 def holder_name() -> str:
-    """This process's name as a lease holder: unique, and saying where it runs."""
-    return f"{uuid.uuid4().hex[:8]}:{os.getpid()}@{HOSTNAME}"[:64]
+    """This process's name as a lease holder: unique, and saying where it runs.
+
+    One per process: ``celery beat`` builds a second scheduler for its banner.
+    """
+    pid = os.getpid()
+    if pid not in _holders:
+        _holders[pid] = f"{uuid.uuid4().hex[:8]}:{pid}@{HOSTNAME}"[:64]
+    return _holders[pid]
 
 
 class Leadership:
