@@ -14,6 +14,7 @@ import click
 
 from celery_recovery.cli.output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
 from celery_recovery.cli.support import CLIError, dead_after, settings_of, store_of
+from celery_recovery.core.consumer import stalled_reason
 from celery_recovery.core.records import ZombieRow
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType, TaskState
@@ -235,7 +236,9 @@ def jobs_view(
     """Workers, beats and triggerers: state, host, pid, heartbeat age and whether alive.
 
     Alive means running with a heartbeat younger than recovery_zombie_threshold
-    (workers) or recovery_health_check_threshold (beat, triggerer).
+    (workers) or recovery_health_check_threshold (beat, triggerer).  CONSUMER is a
+    worker main process's own verdict on its consumer: "consuming", or "stalled: why"
+    (docs/stuck.md).
 
     \b
     Example:
@@ -254,6 +257,7 @@ def jobs_view(
         Column("PID", "pid"),
         Column("HEARTBEAT AGE", "heartbeat_age", seconds_text),
         Column("ALIVE", "alive", yes_no, coloured=True),
+        Column("CONSUMER", "consumer", lambda v: v or ""),
         Column("STARTED", "start_date"),
     ]
     emit(rows, columns, as_json, "no jobs" if include_ended else "no running jobs (try --all)")
@@ -278,7 +282,17 @@ def _job_row(job: dict[str, Any], now: datetime, settings: RecoverySettings) -> 
         "latest_heartbeat": job["latest_heartbeat"],
         "heartbeat_age": age,
         "alive": alive,
+        # A worker main process's consumer: "stalled: why", "consuming", or None.
+        "consumer": _consumer_text(job.get("consumer")) if alive else None,
+        "consumer_state": job.get("consumer"),
     }
+
+
+def _consumer_text(consumer: dict[str, Any] | None) -> str | None:
+    if not consumer:
+        return None
+    reason = stalled_reason(consumer)
+    return f"stalled: {reason}" if reason else "consuming"
 
 
 @inspect.command("tasks")

@@ -44,6 +44,8 @@ class AuditAction(StrEnum):
     CALLBACK_FAILED = "callback_failed"
     #: A callback row given up after too many deliveries that died midway.
     CALLBACK_ABANDONED = "callback_abandoned"
+    #: A worker found its own consumer stalled (alive, not taking messages).
+    STALLED = "stalled"
 
 
 #: Actions that recovered a try (the overview's chart counts these).
@@ -73,6 +75,9 @@ class AuditReason(StrEnum):
     TRIGGER_FAILED = "trigger_failed"
     #: A deferred try's ``defer(timeout=...)`` passed before its trigger fired.
     TRIGGER_TIMEOUT = "trigger_timeout"
+    #: Free slots and ready messages but nothing received, or its broker unreachable,
+    #: for ``recovery_stalled_consumer_timeout``.
+    CONSUMER_STALLED = "consumer_stalled"
 
 
 #: Record keys that name the process that ran the try (a zombie query's join).

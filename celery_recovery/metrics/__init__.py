@@ -8,6 +8,7 @@ set, never a store round trip per task, and never raises.
 from celery_recovery.metrics.definitions import PREFIX
 from celery_recovery.metrics.record import (
     callback_outcome,
+    consumer_stalled,
     dead_job,
     dropped_writes,
     lease_lost,
@@ -39,6 +40,7 @@ __all__ = [
     "MetricsServerError",
     "blocked_loop",
     "callback_outcome",
+    "consumer_stalled",
     "dead_job",
     "dropped_writes",
     "lease_lost",

@@ -157,6 +157,11 @@ jobs = Table(
         UTCDateTime,
         comment="When a sweep first saw the advisory lock missing",
     ),
+    Column(
+        "consumer",
+        Json,
+        comment="A worker main process's broker consumer state (JSON), with its heartbeat",
+    ),
     Index(
         "ix_jobs_live",
         "job_type",

@@ -99,7 +99,9 @@ def test_a_store_behind_the_head_is_refused_on_postgresql_and_upgraded_on_sqlite
     engine = create_store_engine(store_at_0009, for_migrations=True)
     assert current_revision(engine) == "0009"
     if engine.dialect.name == "postgresql":
-        with pytest.raises(StoreSchemaError, match=r"revision 0009.*needs 0011.*db upgrade"):
+        with pytest.raises(
+            StoreSchemaError, match=rf"revision 0009.*needs {HEAD_REVISION}.*db upgrade"
+        ):
             ensure_schema(engine)
     else:
         ensure_schema(engine)
@@ -112,7 +114,9 @@ def test_a_version_table_with_two_revisions_is_refused_with_what_to_do(tmp_path)
     upgrade(engine)
     with engine.begin() as conn:
         conn.execute(text(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('0010')"))
-    with pytest.raises(StoreSchemaError, match=r"several schema revisions \(0010, 0011\)"):
+    with pytest.raises(
+        StoreSchemaError, match=rf"several schema revisions \(0010, {HEAD_REVISION}\)"
+    ):
         ensure_schema(engine)
     engine.dispose()
 

@@ -1,0 +1,40 @@
+"""Stuck, not dead: each worker's consumer state with its heartbeat.
+
+``jobs.consumer`` holds what a worker's main process knows of its broker
+consumer (connection up or down and since when, last message received, held
+and running messages, free slots, ready messages its queues held when it last
+asked, and whether it judged itself stalled), written by the same UPDATE as
+its heartbeat.
+
+Revision ID: 0013
+Revises: 0011
+Create Date: 2026-12-04
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+from celery_recovery.store.schema import Json
+
+revision = "0013"
+down_revision = "0011"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(
+            sa.Column(
+                "consumer",
+                Json,
+                comment="A worker main process's broker consumer state (JSON), with its heartbeat",
+            )
+        )
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("consumer")
