@@ -308,12 +308,17 @@ def tasks(
 ) -> None:
     """Task tries, most recently changed first, filtered by state and task name.
 
+    LAST BEAT is how long ago a try last called heartbeat(); --json also gives its
+    time and details (docs/stuck.md).
+
     \b
     Example:
       celery-recovery --app proj.celery:app inspect tasks --state failed --task-name shop.charge
     """
+    now = utcnow()
     with store_of(ctx) as (store, _settings):
         found = store.tries.list_tries(state=state, task_name=task_name, limit=limit)
+        beats = store.heartbeats.beats_of((r["task_id"], r["try_number"]) for r in found)
     rows = [
         {
             key: r[key]
@@ -334,6 +339,7 @@ def tasks(
             )
         }
         | {"worker": r["worker_hostname"]}  # Celery's node name, as in `inspect zombies`
+        | _beat_of(beats.get((r["task_id"], r["try_number"])), now)
         for r in found
     ]
     columns = [
@@ -344,9 +350,18 @@ def tasks(
         Column("QUEUE", "queue"),
         Column("WORKER", "worker"),
         Column("UPDATED", "updated_at"),
+        Column("LAST BEAT", "beat_age", seconds_text),
         Column("REASON", "state_reason", lambda v: _clip(v or "-", 60)),
     ]
     emit(rows, columns, as_json, "no tries match")
+
+
+def _beat_of(beat: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """A try's last ``heartbeat()`` (docs/stuck.md): when, how long ago, its details."""
+    if beat is None:
+        return {"last_beat": None, "beat_age": None, "beat_details": None}
+    at = beat["beat_at"]
+    return {"last_beat": at, "beat_age": age_seconds(now, at), "beat_details": beat["details"]}
 
 
 @inspect.command("locks")

@@ -78,6 +78,8 @@ class AuditReason(StrEnum):
     #: Free slots and ready messages but nothing received, or its broker unreachable,
     #: for ``recovery_stalled_consumer_timeout``.
     CONSUMER_STALLED = "consumer_stalled"
+    #: A running try did not call ``heartbeat()`` for its ``recovery_heartbeat_timeout``.
+    HUNG = "hung"
 
 
 #: Record keys that name the process that ran the try (a zombie query's join).

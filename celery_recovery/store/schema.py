@@ -354,3 +354,12 @@ revocations = Table(
     Index("ix_revocations_task_id", "task_id"),
     Index("ix_revocations_created_at", "created_at"),
 )
+
+task_heartbeats = Table(
+    "task_heartbeats",
+    metadata,
+    Column("task_id", String(255), primary_key=True),
+    Column("try_number", Integer, primary_key=True),
+    Column("beat_at", UTCDateTime, nullable=False, comment="The try's last heartbeat()"),
+    Column("details", MessageJSON, comment="The last details it gave heartbeat() (JSON)"),
+)

@@ -18,6 +18,7 @@ from celery_recovery.core.urls import mask_url
 from celery_recovery.store.checkins import CheckinRepository
 from celery_recovery.store.claims import ClaimRepository
 from celery_recovery.store.database import Database
+from celery_recovery.store.heartbeats import TaskHeartbeatRepository
 from celery_recovery.store.jobs import JobRepository
 from celery_recovery.store.leases import LeaseRepository
 from celery_recovery.store.liveness import LivenessRepository
@@ -45,6 +46,7 @@ class Store:
         self.claims = ClaimRepository(self.db)
         self.checkins = CheckinRepository(self.db)
         self.retention = RetentionRepository(self.db)
+        self.heartbeats = TaskHeartbeatRepository(self.db)
 
     def __repr__(self) -> str:
         return f"<Store {mask_url(self.url)}>"

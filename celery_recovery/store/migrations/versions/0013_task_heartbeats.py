@@ -1,4 +1,7 @@
-"""Stuck, not dead: each worker's consumer state with its heartbeat.
+"""Stuck, not dead: each worker's consumer state with its heartbeat, and task heartbeats.
+
+``task_heartbeats`` keeps, per try, when its task last called ``heartbeat()``
+and the last details it gave (what a later try resumes from).
 
 ``jobs.consumer`` holds what a worker's main process knows of its broker
 consumer (connection up or down and since when, last message received, held
@@ -16,7 +19,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from celery_recovery.store.schema import Json
+from celery_recovery.store.schema import Json, MessageJSON, UTCDateTime
 
 revision = "0013"
 down_revision = "0011"
@@ -25,6 +28,14 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.create_table(
+        "task_heartbeats",
+        sa.Column("task_id", sa.String(255), nullable=False),
+        sa.Column("try_number", sa.Integer, nullable=False),
+        sa.Column("beat_at", UTCDateTime, nullable=False, comment="The try's last heartbeat()"),
+        sa.Column("details", MessageJSON, comment="The last details it gave heartbeat() (JSON)"),
+        sa.PrimaryKeyConstraint("task_id", "try_number", name="pk_task_heartbeats"),
+    )
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(
             sa.Column(
@@ -38,3 +49,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.drop_column("consumer")
+    op.drop_table("task_heartbeats")
