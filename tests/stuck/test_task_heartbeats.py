@@ -26,6 +26,16 @@ def _resumed(ledger: Path, try_number: int):
     raise AssertionError(f"try {try_number} did not start: {ledger_lines(ledger)}")
 
 
+def _wait_failed(store, task_id: str, timeout: float) -> list:
+    """The task's tries once its latest one is failed."""
+
+    def failed():
+        tries = store.tries.history(task_id)
+        return tries if tries and tries[-1]["state"] == TaskState.FAILED else None
+
+    return wait_for(failed, timeout, what=f"{task_id}'s last try to fail")
+
+
 def test_a_try_that_stops_beating_is_stopped_and_retried_and_resumes(
     start_worker, client_app, store_url, tmp_path
 ):
@@ -62,11 +72,7 @@ def test_a_hung_try_with_no_retries_left_fails_once_with_on_failure(
     result = client_app.send_task("lifecycle.beats_then_hangs_once", (str(ledger),))
     store = recovery_for_app(client_app).store
 
-    def failed():
-        tries = store.tries.history(result.id)
-        return tries if tries and tries[-1]["state"] == TaskState.FAILED else None
-
-    tries = wait_for(failed, 20, what="the hung try to fail")
+    tries = _wait_failed(store, result.id, 20)
     assert len(tries) == 1 and "max_retries (0) exceeded" in tries[0]["state_reason"], tries
     wait_for(lambda: count(ledger, "on_failure") == 1, 15, what="on_failure from the outbox")
     assert count(ledger, "start") == 1 and count(ledger, "on_retry") == 0
@@ -82,11 +88,7 @@ def test_a_task_that_hangs_every_time_with_no_max_retries_is_failed_after_the_po
     store = recovery_for_app(client_app).store
 
     # When every try hangs: Then the second is failed, not retried for ever
-    def failed():
-        tries = store.tries.history(result.id)
-        return tries if tries and tries[-1]["state"] == TaskState.FAILED else None
-
-    tries = wait_for(failed, 30, what="the poison task to fail")
+    tries = _wait_failed(store, result.id, 30)
     assert [t["state"] for t in tries] == [TaskState.UP_FOR_RETRY, TaskState.FAILED], tries
     assert "the poison bound (1 retries) exceeded" in tries[-1]["state_reason"], tries[-1]
     wait_for(lambda: count(ledger, "on_failure") == 1, 15, what="on_failure from the outbox")
