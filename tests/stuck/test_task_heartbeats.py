@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from celery_recovery.core.states import TaskState
 from celery_recovery.recovery import recovery_for_app
+from celery_recovery.store.schema import audit_log
 from tests.sweeps.helpers import count, ledger_lines, sweep_until
 from tests.workers import wait_for
 
@@ -119,3 +121,30 @@ def test_a_killed_workers_try_resumes_from_its_last_durable_step(
     assert 0 < start <= done_before
     assert done_before - start <= 4  # beats are durable within half a second (0.2 s a step)
     assert count(ledger, "step 19 ") == 1
+
+
+def test_an_acks_late_hung_trys_message_comes_back_and_is_dropped(
+    start_worker, client_app, store_url, tmp_path
+):
+    # Given acks_late tasks, and a broker that gives unacknowledged messages back after 4 s
+    start_worker(store_url, env={"RECOVERY_TEST_ACKS_LATE": "1", "RECOVERY_TEST_VISIBILITY": "4"})
+    ledger = tmp_path / "ledger.txt"
+    result = client_app.send_task("lifecycle.beats_then_hangs", (str(ledger),))
+    assert result.get(timeout=30) == {"step": 2}
+    store = recovery_for_app(client_app).store
+
+    # When the hung try's message (never acknowledged: its process was killed) comes back
+    def dropped():
+        with store.transaction() as conn:
+            rows = conn.execute(
+                select(audit_log).where(
+                    audit_log.c.task_id == result.id, audit_log.c.action == "dropped"
+                )
+            )
+            return [dict(r) for r in rows.mappings()]
+
+    rows = wait_for(dropped, 30, what="the hung try's redelivery to be dropped")
+
+    # Then it is dropped as a delivery of a superseded try, and the task ran twice in all
+    assert rows[0]["try_number"] == 1, rows
+    assert count(ledger, "start") == 2 and count(ledger, "done") == 1
