@@ -13,7 +13,7 @@ from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import EncodedJSON
 from celery_recovery.store.schema import task_heartbeats
-from tests.cli.helpers import add_try, run, run_json
+from tests.cli.helpers import add_job, add_try, run, run_json
 from tests.sweeps.helpers import run_concurrently
 from tests.web.helpers import console_client
 
@@ -142,3 +142,34 @@ def test_the_consoles_task_page_shows_each_trys_last_beat(store, show_args):
     else:
         assert beat["details"].startswith("hidden") and "step 3" not in page
     assert "last heartbeat" in page
+
+
+def test_the_consoles_jobs_page_shows_a_stalled_worker(store):
+    job_id = add_job(store, hostname="pod-3")
+    reason = "3 ready messages in its queues, 2 free slots, nothing received for 10s"
+    store.jobs.heartbeat(job_id, utcnow(), {"stalled": True, "stalled_reason": reason})
+    healthy = add_job(store, hostname="pod-4")
+    store.jobs.heartbeat(healthy, utcnow(), {"stalled": False, "stalled_reason": None})
+
+    with console_client(store.url) as client:
+        rows = {r["id"]: r for r in client.get("/api/jobs").json()["rows"]}
+        page = client.get("/jobs").text
+
+    assert rows[job_id]["consumer"]["stalled_reason"] == reason
+    assert "stalled" in page and reason in page and "consuming" in page
+
+
+def test_jobs_check_fails_for_a_live_worker_that_says_it_is_stalled(store):
+    reason = "broker connection down for 12s"
+    main = add_job(store, hostname="pod-3")
+    add_job(store, hostname="pod-3")  # a pool process: no consumer of its own
+    store.jobs.heartbeat(main, utcnow(), {"stalled": True, "stalled_reason": reason})
+
+    stalled = run(store.url, "jobs", "check", "--job-type", "worker", "--hostname", "celery@pod-3")
+    assert stalled.exit_code == 1
+    assert stalled.output.startswith(f"FAIL: stalled: {reason}: worker celery@pod-3 (job {main}")
+
+    # Once it consumes again, it passes
+    store.jobs.heartbeat(main, utcnow(), {"stalled": False, "stalled_reason": None})
+    ok = run(store.url, "jobs", "check", "--job-type", "worker", "--hostname", "celery@pod-3")
+    assert ok.exit_code == 0, ok.output
