@@ -63,7 +63,8 @@ class ConsumerWatch:
         self._connected = True
         self._connection_since = now
         self._stalled_since: float | None = None
-        self._reason: str | None = None
+        #: Set when the worker starts shutting down: it stops consuming on purpose.
+        self._shutting_down = False
         #: When it sent itself SIGTERM, then SIGQUIT (``recovery_on_stalled_consumer = "exit"``).
         self._exit_requested: float | None = None
         self._cold_requested: float | None = None
@@ -79,6 +80,11 @@ class ConsumerWatch:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def shutting_down(self) -> None:
+        """The worker stops consuming on purpose (a warm shutdown waits for its tasks):
+        no verdict from now on (a shutdown this watch asked for is still escalated)."""
+        self._shutting_down = True
 
     # -- facts ---------------------------------------------------------------------
 
@@ -145,7 +151,7 @@ class ConsumerWatch:
         now = time.monotonic()
         facts = self.facts(now)
         with self._lock:
-            reason = self.judge.verdict(now, facts)
+            reason = None if self._shutting_down else self.judge.verdict(now, facts)
             probe = self.judge.last_probe
         self._transition(now, reason)
         wall = time.time() - now  # monotonic to wall clock
@@ -171,12 +177,11 @@ class ConsumerWatch:
 
     def _transition(self, now: float, reason: str | None) -> None:
         was = self._stalled_since is not None
-        self._reason = reason
         if reason is None:
             if was:
                 self._stalled_since = None
                 metrics.consumer_stalled(False)
-                logger.warning("celery-recovery: this worker's consumer takes messages again")
+                logger.info("celery-recovery: this worker is no longer stalled")
             return
         if was:
             return
@@ -272,6 +277,13 @@ def start_watch(context: RecoveryContext, consumer: Any) -> ConsumerWatch:
             _watch.stop()
         _watch = ConsumerWatch(context, consumer).start()
     return _watch
+
+
+def on_shutting_down(**_: Any) -> None:
+    """``worker_shutting_down``: a consumer that stops now is not stalled."""
+    watch = _watch
+    if watch is not None:
+        watch.shutting_down()
 
 
 def stop_watch() -> None:

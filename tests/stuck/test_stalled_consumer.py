@@ -7,6 +7,7 @@ the worker raises.  Its process, pool and heartbeats stay healthy.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -159,3 +160,26 @@ def test_a_stalled_worker_set_to_exit_shuts_itself_down(
         10,
         what="the worker's pool processes to end",
     )
+
+
+def test_a_warm_shutdown_waiting_for_a_long_task_is_not_a_stall(
+    start_proxied_worker, make_client_app, tmp_path
+):
+    store_url = f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
+    # Given a worker set to exit when stalled, running a task longer than the stall timeout
+    worker = start_proxied_worker(store_url, CELERY_RECOVERY_ON_STALLED_CONSUMER="exit")
+    client = make_client_app(store_url)
+    long = client.send_task("lifecycle.sleep_for", (STALL_TIMEOUT + 5,))
+    wait_for(lambda: long.state == "STARTED", 20, what="the long task to start")
+
+    # When it is told to shut down warm while messages wait in its queue (it has a free
+    # slot, receives nothing, and its queue holds ready messages for longer than the timeout)
+    worker.proc.send_signal(signal.SIGTERM)
+    for n in range(3):
+        client.send_task("lifecycle.add", (n, 1))
+
+    # Then it waits for its task and exits cleanly: a shutdown is not a stall
+    assert long.get(timeout=STALL_TIMEOUT + 20) == STALL_TIMEOUT + 5
+    wait_for(lambda: worker.proc.poll() is not None, 20, what="the worker to exit")
+    assert worker.proc.returncode == 0
+    assert "stalled" not in worker.log and "shutting down cold" not in worker.log
