@@ -32,6 +32,10 @@ from tests.workers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
+#: Longer than the stall takes to detect and the worker to be replaced, so that only
+#: the message the frozen connection took from Redis counts as lost.
+QUEUED_TIMEOUT = 25.0
+
 
 def _ledgers(tmp_path: Path, n: int) -> list[Path]:
     return [tmp_path / f"ledger-{i}.txt" for i in range(n)]
@@ -42,8 +46,11 @@ def test_a_frozen_broker_connection_fails_the_probe_within_the_bound_and_nothing
 ):
     proxy, _ = broker_proxy
     # Given a worker that reaches its broker through the proxy, and has run a task
-    worker = start_proxied_worker(store_url)
-    client = make_client_app(store_url, queued_timeout=5.0)
+    # (every process with one queued timeout: a message that waited longer than it is
+    # published again, and a delivery older than half of it is checked before it runs)
+    lost_after = {"CELERY_RECOVERY_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT)}
+    worker = start_proxied_worker(store_url, **lost_after)
+    client = make_client_app(store_url, queued_timeout=QUEUED_TIMEOUT)
     assert client.send_task("lifecycle.add", (1, 2)).get(timeout=20) == 3
     assert probe(store_url, worker).exit_code == 0
 
@@ -74,7 +81,7 @@ def test_a_frozen_broker_connection_fails_the_probe_within_the_bound_and_nothing
     # When the stalled worker is replaced (its supervisor restarts it)
     worker.kill()
     proxy.cut()
-    start_worker(store_url, name="replacement")
+    start_worker(store_url, name="replacement", env=lost_after)
 
     # Then every task published during the stall runs exactly once (a message the
     # frozen connection had already taken from Redis is published again as lost)
