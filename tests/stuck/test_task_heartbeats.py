@@ -110,8 +110,8 @@ def test_a_killed_workers_try_resumes_from_its_last_durable_step(
     wait_for(lambda: count(ledger, "step ") >= 8, 20, what="eight steps")
 
     # When its whole worker is SIGKILLed mid-way
-    done_before = count(ledger, "step ")
     victim.kill()
+    done_before = count(ledger, "step ")
     start_worker(store_url, name="survivor")
 
     # Then the recovered try resumes after the last durable step, not from zero
@@ -119,7 +119,8 @@ def test_a_killed_workers_try_resumes_from_its_last_durable_step(
     start = result.get(timeout=5)
     print(f"killed after {done_before} steps; the next try resumed from step {start}")
     assert 0 < start <= done_before
-    assert done_before - start <= 4  # beats are durable within half a second (0.2 s a step)
+    # Beats are written every half second (0.2 s a step): a few steps at most are redone
+    assert done_before - start <= 5
     assert count(ledger, "step 19 ") == 1
 
 
