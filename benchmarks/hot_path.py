@@ -11,9 +11,11 @@ see a change of a few percent.  This measures the pieces alone:
   writer only buffers here (its batches are the next piece).  ``recovery``
   runs messages published seconds ago (the claim leaves the message to the
   publisher's record), ``recovery-fresh`` messages published just now, as a
-  queue that keeps up delivers them (the claim carries the message too);
+  queue that keeps up delivers them (the claim carries the message too),
+  ``recovery-excluded`` a task ``recovery_exclude_tasks`` names;
 - ``publisher``: ``apply_async`` through kombu's in-memory transport, plain
-  and with ``Recovery(app)``, the writer only buffering;
+  and with ``Recovery(app)`` (also for an excluded task), the writer only
+  buffering;
 - ``writer``: a pool process's finished claims and a publisher's queued rows,
   applied by the write-behind path (``TryRepository.apply_writes``) in
   batches of 50, per row, on PostgreSQL and SQLite (client side only).
@@ -51,8 +53,8 @@ sys.path[:0] = [str(ROOT)]
 
 #: The pieces and the variants each is measured in.
 PIECES = {
-    "pool": ("plain", "recovery", "recovery-fresh"),
-    "publisher": ("plain", "recovery"),
+    "pool": ("plain", "recovery", "recovery-fresh", "recovery-excluded"),
+    "publisher": ("plain", "recovery", "recovery-excluded"),
     "writer": ("postgres-claims", "postgres-queued", "sqlite-claims", "sqlite-queued"),
 }
 #: Rows per batch of the ``writer`` piece (a busy pool process writes about this many).
@@ -68,15 +70,19 @@ class _NoHeartbeat:
         pass
 
 
-def _app(recovery: bool, store_url: str | None) -> tuple[Any, Any]:
+def _app(variant: str, store_url: str | None) -> tuple[Any, Any]:
+    """The benchmark's app: plain, or with ``Recovery(app)`` (``recovery-excluded``: with
+    the task named in ``recovery_exclude_tasks``)."""
     from celery import Celery
 
     app = Celery("hot_path", broker="memory://", backend="cache+memory://")
     installed = None
-    if recovery:
+    if variant != "plain":
         from celery_recovery import Recovery
 
         app.conf.recovery_database_url = store_url
+        if variant == "recovery-excluded":
+            app.conf.recovery_exclude_tasks = ["bench.*"]
         installed = Recovery(app)
         runtime = installed.runtime
         runtime.heartbeat = _NoHeartbeat()  # type: ignore[assignment]
@@ -114,7 +120,7 @@ def run_pool(variant: str, n: int) -> float:
     """CPU seconds of ``n`` no-op tasks run through the worker's tracer."""
     from celery.app.trace import build_tracer, fast_trace_task, setup_worker_optimizations
 
-    app, installed = _app(variant != "plain", _sqlite_store())
+    app, installed = _app(variant, _sqlite_store())
     # Seconds since its publish: long enough ago for a narrow claim, or just now.
     age = 0.0 if variant == "recovery-fresh" else 5.0
     setup_worker_optimizations(app, "hot-path")
@@ -144,7 +150,7 @@ def run_pool(variant: str, n: int) -> float:
 
 def run_publisher(variant: str, n: int) -> float:
     """CPU seconds of ``n`` ``apply_async`` calls through kombu's in-memory transport."""
-    app, installed = _app(variant == "recovery", _sqlite_store())
+    app, installed = _app(variant, _sqlite_store())
     task = app.tasks["bench.noop"]
 
     def run(count: int) -> None:
@@ -297,6 +303,8 @@ def main() -> None:
             figures["added"] = round(figures["recovery"] - figures["plain"], 1)
         if "recovery-fresh" in figures:
             figures["added_fresh"] = round(figures["recovery-fresh"] - figures["plain"], 1)
+        if "recovery-excluded" in figures:
+            figures["added_excluded"] = round(figures["recovery-excluded"] - figures["plain"], 1)
         report[piece] = figures
     print(json.dumps(report, indent=2))
 

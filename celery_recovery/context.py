@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import Celery
 
+from celery_recovery.core.exclusions import Exclusions
 from celery_recovery.core.process_id import current_pid
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.timeutils import utcnow
@@ -40,6 +41,8 @@ class RecoveryContext:
         self.app = app
         self.settings = settings
         self.store = store
+        #: Tasks and queues left alone (``recovery_exclude_tasks``, ``recovery_exclude_queues``).
+        self.exclusions = Exclusions(settings.exclude_tasks, settings.exclude_queues)
         #: The current time (UTC, aware); sweeps take ``now`` from it when not given one.
         self.clock = clock
         #: Called for every try a sweep fails or retries, and for every pool-process death.

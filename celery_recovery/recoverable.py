@@ -126,6 +126,9 @@ def recoverable(
         if recovery_heartbeat_timeout is not None:
             # Read through the task's ``run`` by the worker's main process.
             guarded.recovery_heartbeat_timeout = recovery_heartbeat_timeout  # type: ignore[attr-defined]
+        # How `celery-recovery doctor` knows the app takes idempotency locks (and so
+        # which Redis must keep them).
+        guarded.__recoverable__ = options  # type: ignore[attr-defined]
         return guarded  # type: ignore[return-value]
 
     if func is not None:

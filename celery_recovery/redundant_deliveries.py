@@ -16,11 +16,12 @@ visibility timeout.
 The check runs as the delivery starts (the task's ``before_start``, see
 :mod:`.signals.tasks`), before the try is claimed, and only for
 deliveries that can be redundant (so the hot path does not pay a round
-trip): those the broker marks redelivered, resumes of deferred tries, those
-published longer ago than half of ``recovery_queued_timeout`` (the
-lost-message sweep only replaces older ones), and those that waited in this
-worker longer than a heartbeat interval (the reserved sweep replaces the
-messages of a worker judged dead, which a paused one still holds).  One that
+trip): those the broker marks redelivered (or SQS counts as received
+before), resumes of deferred tries, those published longer ago than half
+of ``recovery_queued_timeout`` (the lost-message sweep only replaces older
+ones), and those that waited in this worker longer than a heartbeat
+interval (the reserved sweep replaces the messages of a worker judged dead,
+which a paused one still holds).  One that
 may be redundant and is not is claimed at once, not through the writer: a
 sweep replacing the try at the same moment then either sees the claim or
 makes the claim fail.  A dropped delivery's ``before_start`` raises
@@ -52,7 +53,11 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER
 from celery_recovery.messages import record_from_request, try_number_of
 from celery_recovery.probe import finished_state
-from celery_recovery.republish import PUBLISHED_AT_HEADER, RESERVED_AT_HEADER
+from celery_recovery.republish import (
+    PUBLISHED_AT_HEADER,
+    RECEIVED_BEFORE_HEADER,
+    RESERVED_AT_HEADER,
+)
 from celery_recovery.resends import RESENT_HEADER, is_resent
 
 if TYPE_CHECKING:
@@ -221,8 +226,8 @@ def _is_zombie_process(pid: int) -> bool:
 
 def _may_be_redundant(request: Any, settings: RecoverySettings) -> bool:
     delivery = request.delivery_info or {}
-    if delivery.get("redelivered"):
-        return True
+    if delivery.get("redelivered") or getattr(request, RECEIVED_BEFORE_HEADER, None):
+        return True  # handed out before (SQS says so only in its own receive count)
     if getattr(request, RESUME_HEADER, None) is not None:
         return True  # a triggerer that died after publishing may have published it twice
     reserved = getattr(request, RESERVED_AT_HEADER, None)

@@ -14,23 +14,31 @@ from typing import Any
 from celery import Celery
 
 from celery_recovery.core.timeutils import as_utc, utcnow
+from celery_recovery.dead_receives import delay_options
 from celery_recovery.messages import PROTOCOL_HEADERS
 
 #: Header our publish handler stamps; a republish gets a fresh one.
 PUBLISHED_AT_HEADER = "recovery_published_at"
 #: Request attribute a worker's main process stamps when it receives the message.
 RESERVED_AT_HEADER = "recovery_reserved_at"
+#: Request attribute it stamps when the broker handed the message out before (SQS).
+RECEIVED_BEFORE_HEADER = "recovery_received_before"
 
 
-def republish(app: Celery, record: Mapping[str, Any], try_number: int) -> Any:
-    """Send ``record``'s task again as try ``try_number``; returns the AsyncResult."""
+#: What our handlers stamp on a message or a request: a new publish starts without them.
+_STAMPS = (PUBLISHED_AT_HEADER, RESERVED_AT_HEADER, RECEIVED_BEFORE_HEADER)
+
+
+def republish(
+    app: Celery, record: Mapping[str, Any], try_number: int, broker_delay: int = 0
+) -> Any:
+    """Send ``record``'s task again as try ``try_number``; returns the AsyncResult.
+
+    ``broker_delay`` seconds hold the message back on the broker (SQS only, see
+    :mod:`celery_recovery.dead_receives`)."""
     headers = dict(record.get("headers") or {})
     embed = (record.get("options") or {}).get("embed") or {}
-    custom = {
-        k: v
-        for k, v in headers.items()
-        if k not in PROTOCOL_HEADERS and k not in (PUBLISHED_AT_HEADER, RESERVED_AT_HEADER)
-    }
+    custom = {k: v for k, v in headers.items() if k not in PROTOCOL_HEADERS and k not in _STAMPS}
     timelimit = headers.get("timelimit") or (None, None)
     eta = as_utc(record.get("eta"))
     options: dict[str, Any] = {
@@ -68,6 +76,7 @@ def republish(app: Celery, record: Mapping[str, Any], try_number: int) -> Any:
         options.update({h: stamps.get(h) for h in stamped if h not in options})
         options["stamped_headers"] = stamped
     options = {k: v for k, v in options.items() if v is not None}
+    options.update(delay_options(broker_delay))
     return app.send_task(
         record["task_name"],
         args=record.get("args") or [],

@@ -78,6 +78,7 @@ class ProcessRuntime:
         node_name: str | None = None,
         on_beat: Callable[[], None] | None = None,
         queues: str | None = None,
+        parent_pid: int | None = None,
         consumer: Callable[[], dict[str, Any]] | None = None,
     ) -> str:
         """Make this process a job (once) and start its heartbeat thread; returns the job id.
@@ -93,6 +94,7 @@ class ProcessRuntime:
             "hostname": HOSTNAME,
             "node_name": node_name,
             "pid": os.getpid(),
+            "parent_pid": parent_pid,
             "state": JobState.RUNNING,
             "start_date": now,
             "latest_heartbeat": now,

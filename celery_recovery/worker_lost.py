@@ -23,6 +23,7 @@ When a prefork child is killed, the worker's main process sees it and Celery
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,8 @@ logger = logging.getLogger("celery_recovery.worker_lost")
 #: Where Celery leaves the try of a killed pool process: claimed, or not yet.
 _UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)
 
+_WRAPPED = "_celery_recovery_wrapped"
+
 
 class _Refused(threading.local):
     #: (task id, exception) of the try this thread failed instead of running it; a
@@ -55,26 +58,84 @@ class _Refused(threading.local):
 _refused = _Refused()
 
 
+class _Failing(threading.local):
+    #: The request whose ``Request.on_failure`` this thread of the worker's main process
+    #: runs (a class-level default: see :mod:`celery_recovery.core.thread_marks`).
+    request: Any = None
+
+
+_failing = _Failing()
+
+
+def install_failure_context() -> None:
+    """Wrap Celery's ``Request.on_failure`` (idempotent; as a worker starts) so that the
+    ``task_failure`` it sends can be told which request failed.
+
+    Celery 5.7 pushes the request's context on the task's stack around that signal;
+    5.5 and 5.6 do not, and ``task.request`` there is empty.  A failure path only.
+    """
+    from celery.worker.request import Request
+
+    original = Request.on_failure
+    if getattr(original, _WRAPPED, False):
+        return
+
+    @functools.wraps(original)
+    def on_failure(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outer, _failing.request = _failing.request, self
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _failing.request = outer
+
+    setattr(on_failure, _WRAPPED, True)
+    Request.on_failure = on_failure
+
+
+def failing_request(task: Any, task_id: str) -> Any:
+    """The request context of ``task_id`` at a ``task_failure`` sent by the worker's main
+    process, on every Celery version; None when it cannot be told."""
+    request = task.request
+    if getattr(request, "id", None) == task_id:
+        return request
+    failing = _failing.request
+    if failing is not None and failing.id == task_id:
+        return failing._context
+    return None
+
+
 def record_lost_process(
-    context: RecoveryContext, task: Any, exception: BaseException, args: Any, kwargs: Any
+    context: RecoveryContext,
+    task: Any,
+    task_id: str,
+    exception: BaseException,
+    args: Any,
+    kwargs: Any,
 ) -> None:
     """In the worker's main process, at Celery's ``task_failure`` for a killed pool process."""
+    request = failing_request(task, task_id)
+    if request is None:
+        logger.warning(
+            "celery-recovery: no request for the lost process of %s[%s]; the sweep recovers it",
+            task.name,
+            task_id,
+        )
+        return
     error = f"{type(exception).__name__}: {exception}"
     reason = f"its pool process died ({error})"
     now = utcnow()
-    change = _ending(
-        task, _UNFINISHED, TaskState.FAILED, f"{reason}; failed by the worker's main process", now
+    change = ending(
+        request,
+        _UNFINISHED,
+        TaskState.FAILED,
+        f"{reason}; failed by the worker's main process",
+        now,
     )
     change.values["error"] = error
     # Celery stored the outcome (as the result settings say) and sent the signal.
-    callback = _callback_row(
-        task,
-        "failure",
-        reason,
-        args,
-        kwargs,
-        [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL],
-        now,
+    done: list[str] = [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL]
+    callback = callback_row(
+        task.name, request, "failure", reason, WorkerLostError.__name__, args, kwargs, done, now
     )
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 
@@ -92,7 +153,8 @@ def record_lost_retry(context: RecoveryContext, task: Any, reason: Any) -> None:
     )
     # Celery already published the next try and called on_retry: the listeners remain.
     text = f"its pool process died ({reason})"
-    callback = _callback_row(task, "retry", text, request.args, request.kwargs, ["on_retry"], now)
+    done: list[str] = [CallbackStep.ON_RETRY]
+    callback = _callback_row(task, "retry", text, request.args, request.kwargs, done, now)
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 
 
@@ -190,7 +252,13 @@ def _ending(
     task: Any, expected: tuple[TaskState, ...], state: TaskState, reason: str, now: Any
 ) -> Transition:
     """The compare-and-set that ends the current try of ``task``'s request."""
-    request = task.request
+    return ending(task.request, expected, state, reason, now)
+
+
+def ending(
+    request: Any, expected: tuple[TaskState, ...], state: TaskState, reason: str, now: Any
+) -> Transition:
+    """The compare-and-set that ends the try of ``request`` (a task's request context)."""
     values = {"state": state, "state_reason": reason, "ended_at": now, "updated_at": now}
     return Transition(request.id, try_number_of(request), expected, values)
 
@@ -198,15 +266,32 @@ def _ending(
 def _callback_row(
     task: Any, kind: str, reason: str, args: Any, kwargs: Any, done: list[str], now: Any
 ) -> dict[str, Any]:
-    request = task.request
+    return callback_row(
+        task.name, task.request, kind, reason, WorkerLostError.__name__, args, kwargs, done, now
+    )
+
+
+def callback_row(
+    task_name: str,
+    request: Any,
+    kind: str,
+    reason: str,
+    exception: str,
+    args: Any,
+    kwargs: Any,
+    done: list[str],
+    now: Any,
+) -> dict[str, Any]:
+    """The outbox row of a try the worker's main process ended: ``done`` names what Celery
+    already did of the callbacks, so that delivery does the rest once."""
     return {
         "task_id": request.id,
         "try_number": try_number_of(request),
         "kind": kind,
         "payload": {
-            "task_name": task.name,
+            "task_name": task_name,
             "reason": reason,
-            "exception": WorkerLostError.__name__,
+            "exception": exception,
             "args": _json_or(list(args or ()), []),
             "kwargs": _json_or(dict(kwargs or {}), {}),
             "hostname": getattr(request, "hostname", None),

@@ -9,12 +9,16 @@ the hot path near plain Celery's speed.  Writes keep their order.
 Batching adapts to what waits.  A ``running`` claim whose task is still
 running is committed within :data:`CLAIM_INTERVAL` of its start: that is the
 window in which a killed process leaves its try ``queued`` rather than
-``running`` (docs/recovery.md), so it must stay short.  Everything else (a
-publisher's ``queued`` rows, finished outcomes, reservations, audit rows) may
-wait :data:`FLUSH_INTERVAL`, so that batches grow and commits get rarer.  An
-outcome that finds its try's claim still waiting here is folded into it (one
-row write, and the claim is no longer urgent), as :func:`celery_recovery.store.tries._coalesce`
-would do at write time.
+``running`` (docs/recovery.md), so it must stay short.  A reservation (a
+message a worker's main process holds) is the same window for a prefetched
+message: it is committed within the claim interval too, unless the writer
+committed less than a flush interval ago, and then one flush interval after
+that commit (so a busy main process still commits a few times a second, and a
+quiet one at once).  Everything else (a publisher's ``queued`` rows, finished
+outcomes, audit rows) may wait :data:`FLUSH_INTERVAL`, so that batches grow
+and commits get rarer.  An outcome that finds its try's claim still waiting
+here is folded into it (one row write, and the claim is no longer urgent), as
+:func:`celery_recovery.store.tries._coalesce` would do at write time.
 
 A write may be built (:meth:`WriteBehindWriter.submit_built`): the caller
 hands over what it captured, and the flusher thread builds the record when
@@ -108,6 +112,10 @@ class WriteBehindWriter:
         #: Whether this process claims tries (a pool process): then the flusher looks
         #: at the buffer at least every claim interval.
         self._takes_claims = False
+        #: When the first reservation waiting here arrived (monotonic seconds).
+        self._first_reserved = math.inf
+        #: When the flusher last took a batch (monotonic seconds).
+        self._last_taken = -math.inf
 
     def submit(self, kind: WriteKind, item: Any) -> None:
         """Queue one write; never blocks on the store.  A ``running`` claim's dict then
@@ -125,6 +133,10 @@ class WriteBehindWriter:
                     # The flusher may be in a longer wait, planned before claims came.
                     self._takes_claims = True
                     self._cond.notify()
+            if kind == WriteKind.RESERVED and self._first_reserved == math.inf:
+                self._first_reserved = now
+                # The flusher may be in a longer wait, planned before it came.
+                self._cond.notify()
             if not self._pending:
                 self._oldest = now
                 # The flusher sleeps while nothing is pending; once something is, it
@@ -208,6 +220,9 @@ class WriteBehindWriter:
         due = self._oldest + self.flush_interval
         for _record, arrived in self._open_claims.values():
             due = min(due, arrived + self.claim_interval)
+        if self._first_reserved != math.inf:
+            prompt = self._first_reserved + self.claim_interval
+            due = min(due, max(prompt, self._last_taken + self.flush_interval))
         return due
 
     def _run(self) -> None:
@@ -239,6 +254,8 @@ class WriteBehindWriter:
                     self._forget(write)
                 # What is left is already late: write it next, at once.
                 self._oldest = -math.inf if self._pending else math.inf
+                self._first_reserved = math.inf
+                self._last_taken = time.monotonic()
                 self._in_flight = len(batch)
             # Outside the lock: submitters do not wait for the checks and the building.
             batch = _resolved(batch)

@@ -29,8 +29,10 @@ from tests.services import (
     PG_ADMIN_URL,
     RABBITMQ_URL,
     REDIS_URL,
+    SQS_ENVIRONMENT,
     create_pg_database,
     require,
+    start_sqs_server,
 )
 from tests.workers import ROOT, WorkerProcess
 
@@ -172,6 +174,24 @@ def store(store_url: str) -> Iterator[Store]:
     store.dispose()
 
 
+@pytest.fixture(scope="session")
+def sqs_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto's SQS server on 127.0.0.1, for the session: its ``sqs://`` broker URL.
+
+    The AWS credentials it accepts (any) are set in this process's environment, which
+    the workers inherit."""
+    saved = {key: os.environ.get(key) for key in SQS_ENVIRONMENT}
+    os.environ.update(SQS_ENVIRONMENT)
+    url, stop = start_sqs_server(str(tmp_path_factory.mktemp("sqs") / "moto.log"))
+    yield url
+    stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture
 def queue() -> str:
     return f"test-{uuid.uuid4().hex[:10]}"
@@ -187,7 +207,8 @@ def broker() -> str:
 def broker_urls(
     broker: str, queue: str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[str, str]]:
-    """(broker, result backend): Redis for both, or RabbitMQ with a Redis result backend."""
+    """(broker, result backend): Redis for both, or RabbitMQ, SQS (moto's server) or the
+    filesystem transport with a Redis result backend."""
     import redis
 
     redis_service = request.getfixturevalue("redis_service")
@@ -197,6 +218,16 @@ def broker_urls(
     redis.Redis.from_url(backend).flushdb()
     if broker == "redis":
         yield f"{redis_service}/{BROKER_DB}", backend
+        return
+    if broker == "sqs":
+        yield request.getfixturevalue("sqs_service"), backend
+        return
+    if broker == "filesystem":
+        # The demo's broker: files in a folder of the test's own (see tests/apps/lifecycle).
+        folder = request.getfixturevalue("tmp_path") / "broker"
+        for sub in ("data", "control"):
+            (folder / sub).mkdir(parents=True)
+        yield f"filesystem://{folder}", backend
         return
     assert broker == "rabbitmq", broker
     require("RabbitMQ", RABBITMQ_URL, 5672)

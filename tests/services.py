@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable
 from urllib.parse import urlparse
@@ -23,6 +26,14 @@ RABBITMQ_URL = os.environ.get("RECOVERY_TEST_RABBITMQ", "amqp://guest:guest@127.
 PG_ADMIN_URL = os.environ.get(
     "RECOVERY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+#: Credentials for the local SQS server (moto accepts any): set for the test process and
+#: its workers, so that boto3 looks for no real ones (nothing leaves the machine).
+SQS_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def in_ci() -> bool:
@@ -70,3 +81,48 @@ def create_pg_database(prefix: str, revision: str = "head") -> tuple[str, Callab
         admin.dispose()
 
     return url, drop
+
+
+def start_sqs_server(log_path: str) -> tuple[str, Callable[[], None]]:
+    """Start moto's SQS server on 127.0.0.1 on a free port: the ``sqs://`` broker URL, and
+    a function that stops it.
+
+    Locally a missing ``moto[server]`` skips the SQS tests; in CI it fails them.
+    """
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        message = "moto[server] is not installed (pip install -e '.[dev]')"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            env={**os.environ, **SQS_ENVIRONMENT},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not answering(url, port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            pytest.fail(f"moto's SQS server did not start on port {port} (see {log_path})")
+        time.sleep(0.1)
+    user, password = SQS_ENVIRONMENT["AWS_ACCESS_KEY_ID"], SQS_ENVIRONMENT["AWS_SECRET_ACCESS_KEY"]
+    return f"sqs://{user}:{password}@127.0.0.1:{port}", stop

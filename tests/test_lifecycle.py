@@ -8,7 +8,7 @@ from celery_recovery import JobState, JobType, TaskState
 from celery_recovery.store import Store
 from tests.workers import flush_publisher, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def final_tries(store: Store, task_id: str, count: int = 1, timeout: float = 15.0):

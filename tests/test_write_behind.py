@@ -181,3 +181,49 @@ def test_a_built_write_kept_through_an_outage_is_built_once():
     store.down = False
     assert writer.flush(5)
     assert store.applied == [("queued", "A")] and builds == ["a"]
+
+
+class TimedStore(FakeStore):
+    """Remembers when each batch was applied (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[float, list]] = []
+
+    def apply_writes(self, writes):
+        super().apply_writes(writes)
+        self.batches.append((time.monotonic(), [item for _, item in writes]))
+
+
+def test_a_reservation_on_a_quiet_writer_is_written_within_the_claim_interval():
+    """A worker's main process that took a message while nothing else was being written
+    commits its reservation at once: killed a moment later, the prefetched message is
+    still published again with its running tasks (the demo's case)."""
+    store = TimedStore()
+    writer = WriteBehindWriter(store, StoreHealth("fake"), flush_interval=60, claim_interval=0.02)
+    writer.submit("audit", "written later")
+    submitted = time.monotonic()
+    writer.submit_built("reserved", lambda source: source, "held")
+    deadline = submitted + 5
+    while not store.batches:
+        assert time.monotonic() < deadline, "the reservation waited for the flush interval"
+        time.sleep(0.005)
+    at, items = store.batches[0]
+    assert items == ["written later", "held"] and at - submitted < 1.0
+
+
+def test_reservations_of_a_busy_writer_still_share_a_commit_per_flush_interval():
+    store = TimedStore()
+    writer = WriteBehindWriter(store, StoreHealth("fake"), flush_interval=0.5, claim_interval=0.01)
+    writer.submit_built("reserved", lambda source: source, "first")
+    assert writer.flush(5)
+    first_commit = store.batches[-1][0]
+    for name in ("second", "third"):
+        writer.submit_built("reserved", lambda source: source, name)
+    deadline = time.monotonic() + 5
+    while len(store.batches) < 2:
+        assert time.monotonic() < deadline, "the reservations were never written"
+        time.sleep(0.005)
+    at, items = store.batches[1]
+    assert items == ["second", "third"]
+    assert at - first_commit >= 0.45, "a busy writer committed again within the flush interval"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from celery_recovery.cli.db import db
+from celery_recovery.cli.doctor import doctor
 from celery_recovery.cli.inspect import inspect
 from celery_recovery.cli.jobs import jobs
 from celery_recovery.cli.run import demo, sweep, triggerer
@@ -51,7 +52,7 @@ def recovery(ctx: click.Context, app_spec: str | None, database_url: str | None)
     ctx.find_root().meta["celery_recovery"] = {"app": app, "database_url": database_url}
 
 
-for command in (db, inspect, jobs, sweep, triggerer, demo, web):
+for command in (db, inspect, jobs, sweep, triggerer, demo, web, doctor):
     recovery.add_command(command)
 
 

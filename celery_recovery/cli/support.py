@@ -29,7 +29,9 @@ def load_app(spec: str) -> Any:
 
     try:
         return find_app(spec)
-    except (ImportError, AttributeError, ModuleNotFoundError) as exc:
+    # ValueError: Celery's "Couldn't import" around any error of the module, such as
+    # Recovery(app) refusing its settings at import.
+    except (ImportError, AttributeError, ValueError) as exc:
         raise click.BadParameter(f"cannot import app {spec!r}: {exc}", param_hint="--app") from None
 
 

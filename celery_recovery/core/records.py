@@ -82,6 +82,8 @@ class CallbackStep(StrEnum):
 
     RESULT_BACKEND = "result backend"
     FAILURE_SIGNAL = "task_failure signal"
+    ON_FAILURE = "on_failure"
+    ON_RETRY = "on_retry"
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,7 @@ class ZombieRow(TryRow, total=False):
     job_hostname: str | None
     job_node_name: str | None
     job_pid: int | None
+    job_parent_pid: int | None
 
 
 class ReservedRow(ZombieRow, total=False):

@@ -63,6 +63,10 @@ DEFAULT_LIVENESS_MARKERS = "auto"
 LIVENESS_MARKER_MODES = ("auto", "process", "off")
 #: Port on which sweep and triggerer processes serve Prometheus metrics; None serves nothing.
 DEFAULT_METRICS_PORT: int | None = None
+#: Whether a worker runs the doctor once at start and logs what it finds.
+DEFAULT_DOCTOR_AT_START = True
+#: Longest countdown or ETA the app publishes with, in seconds; None: not declared.
+DEFAULT_LONGEST_ETA: float | None = None
 
 #: A zombie threshold must cover at least this many heartbeat intervals, or one
 #: late heartbeat (a GC pause, a slow commit) would declare a live worker dead.
@@ -136,6 +140,28 @@ def _module_prefixes(key: str, value: Any) -> tuple[str, ...] | None:
     return tuple(prefixes)
 
 
+def _patterns(key: str, value: Any) -> tuple[str, ...]:
+    """Glob patterns (``fnmatch``: ``*``, ``?``, ``[...]``): a list, or one
+    comma-separated string; unset means none."""
+    if value is None or value == "":
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple | set | frozenset):
+        raise ConfigurationError(
+            f"{key}={value!r} must be a list of glob patterns (or one comma-separated string), "
+            "e.g. ['metrics.*', 'cache.refresh']"
+        )
+    patterns = []
+    for item in items:
+        pattern = item.strip() if isinstance(item, str) else None
+        if not pattern:
+            raise ConfigurationError(
+                f"{key} item {item!r} is not a glob pattern: a non-empty string like 'metrics.*'"
+            )
+        patterns.append(pattern)
+    return tuple(patterns)
+
+
 def _port(key: str, value: Any) -> int | None:
     """TCP port: an integer from 1 to 65535; unset or ``None`` serves nothing."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
@@ -150,6 +176,33 @@ def _port(key: str, value: Any) -> int | None:
     if not 1 <= port <= 65535:
         raise ConfigurationError(problem)
     return port
+
+
+def _optional_duration(key: str, value: Any) -> float | None:
+    """Seconds: a positive, finite number (a numeric string in the environment) or a
+    ``timedelta``; unset or ``None`` means not declared."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    return _duration(key, value)
+
+
+#: How the environment spells the two values of a flag.
+_FLAG_WORDS = {"1": True, "true": True, "yes": True, "on": True}
+_FLAG_WORDS.update({"0": False, "false": False, "no": False, "off": False})
+
+
+def _flag(key: str, value: Any) -> bool:
+    """Flag: ``True`` or ``False`` (``1``/``0``, ``true``/``false``, ``yes``/``no``,
+    ``on``/``off`` in the environment)."""
+    if isinstance(value, bool):
+        return value
+    word = value.strip().lower() if isinstance(value, str) else None
+    if word not in _FLAG_WORDS:
+        raise ConfigurationError(
+            f"{key}={value!r} must be True or False (in the environment: 1/0, true/false, "
+            "yes/no, on/off)"
+        )
+    return _FLAG_WORDS[word]
 
 
 def _preset(key: str, value: Any) -> str:
@@ -408,6 +461,42 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "its pool runs tasks in the main process). Unset: nothing listens. See docs/metrics.md.",
     ),
     SettingSpec(
+        "exclude_tasks",
+        (),
+        _patterns,
+        "Task names (glob patterns, e.g. `metrics.*`) celery-recovery leaves alone: such a "
+        "task records nothing when published or run, costs nothing beyond one cached name "
+        "look-up, and is never recovered (a killed or lost one is gone, as with plain "
+        "Celery). For trivial high-rate tasks; see docs/tuning.md.",
+    ),
+    SettingSpec(
+        "exclude_queues",
+        (),
+        _patterns,
+        "Queues (glob patterns, matched against the message's routing key: the queue's name "
+        "with Celery's default routing) whose tasks celery-recovery leaves alone, as "
+        "`recovery_exclude_tasks` does. Each message pays one cached look-up of its routing "
+        "key while this is set.",
+    ),
+    SettingSpec(
+        "doctor_at_start",
+        DEFAULT_DOCTOR_AT_START,
+        _flag,
+        "Whether a worker runs `celery-recovery doctor`'s checks once when it is ready, in a "
+        "thread of its main process (never delaying or breaking the worker), and logs each "
+        "finding as a warning. See docs/doctor.md.",
+    ),
+    SettingSpec(
+        "longest_eta",
+        DEFAULT_LONGEST_ETA,
+        _optional_duration,
+        "Longest countdown or ETA (how far ahead) the app's tasks are published with. A "
+        "worker holds such a message unacknowledged until it is due, so the doctor compares "
+        "it with the broker's visibility timeout (Redis, SQS) and RabbitMQ's consumer "
+        "timeout. Unset: the doctor uses the farthest ETA of the queued tries in the store.",
+        "s",
+    ),
+    SettingSpec(
         "web_token",
         None,
         _web_token,
@@ -449,6 +538,10 @@ class RecoverySettings:
     trigger_allowed_modules: tuple[str, ...] | None = None
     liveness_markers: str = DEFAULT_LIVENESS_MARKERS
     metrics_port: int | None = DEFAULT_METRICS_PORT
+    doctor_at_start: bool = DEFAULT_DOCTOR_AT_START
+    longest_eta: float | None = DEFAULT_LONGEST_ETA
+    exclude_tasks: tuple[str, ...] = ()
+    exclude_queues: tuple[str, ...] = ()
     web_token: str | None = field(default=None, repr=False)
     web_credentials: str | None = field(default=None, repr=False)
     preset: str = DEFAULT_PRESET
@@ -489,24 +582,7 @@ class RecoverySettings:
         broker_url: str | None,
     ) -> RecoverySettings:
         """``raw`` maps names to (key as written, value) from the app's conf."""
-        raw = dict(raw)
-        for key, value in (environ if environ is not None else os.environ).items():
-            if key.startswith(ENV_PREFIX):
-                raw[_known(key[len(ENV_PREFIX) :].lower(), key)] = (key, value)
-        for key, value in (overrides or {}).items():
-            name = _known(key[len(PREFIX) :] if key.startswith(PREFIX) else key, key)
-            raw[name] = (_SPECS[name].conf_key, value)
-
-        parsed = {name: _SPECS[name].parse(key, value) for name, (key, value) in raw.items()}
-        values: dict[str, Any] = dict(PRESETS[parsed.get("preset", DEFAULT_PRESET)])
-        values.update(parsed)
-        if (
-            values.get("redis_url") is None
-            and broker_url
-            and broker_url.startswith(("redis://", "rediss://"))
-        ):
-            values["redis_url"] = broker_url
-        return cls(**values)
+        return cls(**_values_from_raw(raw, environ, overrides, broker_url))
 
     @classmethod
     def from_app(cls, app: Any, **overrides: Any) -> RecoverySettings:
@@ -518,14 +594,52 @@ class RecoverySettings:
         namespace does not read is warned about, and refused when it names
         another store than the one that would be used.
         """
-        from celery_recovery.core.app_conf import read_app_conf, report_unread, spelling
+        from celery_recovery.core.app_conf import read_app_conf, report_unread
 
         values = read_app_conf(app)
-        spell = spelling(app)
-        raw = {_known(n, key, spell): (key, value) for n, (key, value) in values.read.items()}
-        settings = cls._from_raw(raw, None, overrides, app.conf.broker_url or "")
+        settings = cls(**app_values(app, **overrides))
         report_unread(app, values, settings.database_url)
         return settings
+
+
+def app_values(app: Any, **overrides: Any) -> dict[str, Any]:
+    """Every setting of a Celery app, parsed, by name, as :meth:`RecoverySettings.from_app`
+    reads them, before the relations between them are checked (see
+    :func:`relation_problems`).  A value that cannot be parsed still raises."""
+    from celery_recovery.core.app_conf import read_app_conf, spelling
+
+    spell = spelling(app)
+    raw = {
+        _known(n, key, spell): (key, value) for n, (key, value) in read_app_conf(app).read.items()
+    }
+    return _values_from_raw(raw, None, overrides, app.conf.broker_url or "")
+
+
+def _values_from_raw(
+    raw: dict[str, tuple[str, Any]],
+    environ: Mapping[str, str] | None,
+    overrides: Mapping[str, Any] | None,
+    broker_url: str | None,
+) -> dict[str, Any]:
+    raw = dict(raw)
+    for key, value in (environ if environ is not None else os.environ).items():
+        if key.startswith(ENV_PREFIX):
+            raw[_known(key[len(ENV_PREFIX) :].lower(), key)] = (key, value)
+    for key, value in (overrides or {}).items():
+        name = _known(key[len(PREFIX) :] if key.startswith(PREFIX) else key, key)
+        raw[name] = (_SPECS[name].conf_key, value)
+
+    parsed = {name: _SPECS[name].parse(key, value) for name, (key, value) in raw.items()}
+    values: dict[str, Any] = dict(PRESETS[parsed.get("preset", DEFAULT_PRESET)])
+    values.update(parsed)
+    if (
+        values.get("redis_url") is None
+        and broker_url
+        and broker_url.startswith(("redis://", "rediss://"))
+    ):
+        values["redis_url"] = broker_url
+    # Every setting, so that relation_problems() may read any of them.
+    return {f.name: values.get(f.name, f.default) for f in fields(RecoverySettings)}
 
 
 def _known(name: str, key: str, spell: Callable[[str], str] | None = None) -> str:
@@ -543,32 +657,59 @@ def _known(name: str, key: str, spell: Callable[[str], str] | None = None) -> st
 def _check_relations(s: RecoverySettings) -> None:
     for f in fields(s):
         spec = _SPECS[f.name]
-        if spec.parse is _duration:
-            _duration(spec.conf_key, getattr(s, f.name))
-    floor = MIN_HEARTBEATS_PER_THRESHOLD * s.heartbeat_interval
-    if s.stalled_consumer_timeout < floor:
-        raise ConfigurationError(
-            f"{PREFIX}stalled_consumer_timeout={s.stalled_consumer_timeout:g}s is shorter than "
-            f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals ({PREFIX}heartbeat_interval="
-            f"{s.heartbeat_interval:g}s, so at least {floor:g}s): a worker samples its consumer "
-            "once an interval and needs several samples to judge it"
-        )
+        value = getattr(s, f.name)
+        if spec.parse is _duration or (spec.parse is _optional_duration and value is not None):
+            _duration(spec.conf_key, value)
+    problems = relation_problems({f.name: getattr(s, f.name) for f in fields(s)})
+    if problems:
+        raise ConfigurationError(problems[0][1])
+
+
+def relation_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every way the timing ``values`` (parsed, by setting name) misjudge a pause or a
+    death, as (setting key, message naming it and why); empty when they are sound.
+
+    :class:`RecoverySettings` refuses the first; ``celery-recovery doctor`` reports all.
+    """
+    found: list[tuple[str, str]] = []
+    heartbeat = values["heartbeat_interval"]
+    floor = MIN_HEARTBEATS_PER_THRESHOLD * heartbeat
     for name in ("zombie_threshold", "health_check_threshold"):
-        value = getattr(s, name)
+        value = values[name]
         if value < floor:
-            raise ConfigurationError(
-                f"{PREFIX}{name}={value:g}s is shorter than {MIN_HEARTBEATS_PER_THRESHOLD} "
-                f"heartbeat intervals ({PREFIX}heartbeat_interval={s.heartbeat_interval:g}s, "
-                f"so at least {floor:g}s): one late heartbeat would declare a live process dead"
+            found.append(
+                (
+                    PREFIX + name,
+                    f"{PREFIX}{name}={value:g}s is shorter than {MIN_HEARTBEATS_PER_THRESHOLD} "
+                    f"heartbeat intervals ({PREFIX}heartbeat_interval={heartbeat:g}s, "
+                    f"so at least {floor:g}s): one late heartbeat would declare a live process "
+                    "dead",
+                )
             )
+    stalled = values.get("stalled_consumer_timeout")
+    if stalled is not None and stalled < floor:
+        found.append(
+            (
+                PREFIX + "stalled_consumer_timeout",
+                f"{PREFIX}stalled_consumer_timeout={stalled:g}s is shorter than "
+                f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals ({PREFIX}heartbeat_interval="
+                f"{heartbeat:g}s, so at least {floor:g}s): a worker samples its consumer once an "
+                "interval and needs several samples to judge it",
+            )
+        )
+    sweep = values["sweep_interval"]
     for name, what in (
         ("zombie_threshold", "zombies"),
         ("health_check_threshold", "dead beats and triggerers, and their orphaned triggers,"),
     ):
-        threshold = getattr(s, name)
-        if s.sweep_interval > threshold:
-            raise ConfigurationError(
-                f"{PREFIX}sweep_interval={s.sweep_interval:g}s is longer than "
-                f"{PREFIX}{name}={threshold:g}s: {what} would wait longer than the threshold "
-                "promises; use a sweep interval at most the threshold"
+        threshold = values[name]
+        if sweep > threshold:
+            found.append(
+                (
+                    PREFIX + "sweep_interval",
+                    f"{PREFIX}sweep_interval={sweep:g}s is longer than "
+                    f"{PREFIX}{name}={threshold:g}s: {what} would wait longer than the "
+                    "threshold promises; use a sweep interval at most the threshold",
+                )
             )
+    return found

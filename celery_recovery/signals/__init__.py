@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from celery_recovery import stalls
-from celery_recovery.signals import control, processes, publish, reservations, tasks
+from celery_recovery.signals import control, doctor, processes, publish, reservations, tasks
 from celery_recovery.signals.dispatch import PER_TASK_SIGNALS, cache_receivers
 
 _connected = False
@@ -28,6 +28,7 @@ def connect() -> None:
         processes.connect()
         control.connect()
         reservations.connect()
+        doctor.connect()
         stalls.connect()
         for signal in PER_TASK_SIGNALS:
             cache_receivers(signal)

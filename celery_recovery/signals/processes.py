@@ -45,8 +45,15 @@ def _current() -> RecoveryContext | None:
     return every[0] if every else None
 
 
+#: The worker's node name, read in its main process before the pool forks: Celery 5.5
+#: and 5.6 send ``worker_process_init`` without it (5.7 sends it as the sender).
+_node_name: str | None = None
+
+
 @never_raises
 def on_worker_init(sender: Any = None, **_: Any) -> None:
+    global _node_name
+    _node_name = getattr(sender, "hostname", None) or _node_name
     # The main process takes the liveness marker before its pool forks, so that the
     # pool processes share it instead of opening a connection each.
     app = getattr(sender, "app", None)
@@ -61,7 +68,9 @@ def on_process_init(sender: Any = None, **_: Any) -> None:
     # Must return within Celery's 4 s limit: the job row is written by the heartbeat thread.
     context = _current()
     if context is not None:
-        _start_worker_job(context, str(sender) if sender else None)
+        # A pool process: its death is its parent's to judge first (sweeps/parents.py).
+        node_name = str(sender) if sender else _node_name
+        _start_worker_job(context, node_name, parent_pid=os.getppid())
 
 
 @never_raises
@@ -92,7 +101,7 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
         context.runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
         context.runtime.start_job(JobType.WORKER, node_name=node_name, consumer=consumer)
     else:
-        _start_worker_job(context, node_name, consumer)
+        _start_worker_job(context, node_name, consumer=consumer)
 
 
 @never_raises
@@ -116,6 +125,7 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
 def _start_worker_job(
     context: RecoveryContext,
     node_name: str | None,
+    parent_pid: int | None = None,
     consumer: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     duty = context.worker_beat_duty
@@ -124,6 +134,7 @@ def _start_worker_job(
         JobType.WORKER,
         node_name=node_name,
         on_beat=duty(holder) if duty else None,
+        parent_pid=parent_pid,
         consumer=consumer,
     )
 

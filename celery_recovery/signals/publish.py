@@ -60,6 +60,9 @@ def _stage(
     context = context_for_task_name(str(sender))
     if context is None:
         return
+    exclusions = context.exclusions
+    if exclusions and exclusions.message(str(sender), _routed_to(routing_key, declare)):
+        return
     published = time.time()
     capture = capture_publish(headers, body, exchange, routing_key, declare, properties, published)
     if capture is None:
@@ -83,6 +86,11 @@ def _stage(
         headers.pop(PUBLISHED_ON_HEADER, None)
         headers.pop(RESENT_HEADER, None)
     _staged.capture = (capture, context.runtime.writer)
+
+
+def _routed_to(routing_key: str | None, declare: Any) -> list[str | None]:
+    """Where a message goes: its routing key and the queues declared for it."""
+    return [routing_key, *(getattr(queue, "name", None) for queue in declare or ())]
 
 
 def on_after_publish(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any):

@@ -33,14 +33,14 @@ from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import from_timestamp
-from celery_recovery.republish import RESERVED_AT_HEADER
+from celery_recovery.republish import RECEIVED_BEFORE_HEADER, RESERVED_AT_HEADER
 from celery_recovery.signals.guard import handler_failed
 
-#: Seconds a prefork worker's main process lets reservations gather before one
-#: commit writes them.  It is the busiest process of the worker (it takes every
-#: message and hands it to a pool process), so it commits a few times a second, not
-#: fifty; a worker killed within this window leaves those few messages to the
-#: queued timeout, as before.
+#: Seconds a prefork worker's main process keeps between two commits.  It is the
+#: busiest process of the worker (it takes every message and hands it to a pool
+#: process), so a busy one commits a few times a second, not fifty; a quiet one
+#: commits a reservation within the writer's claim interval (20 ms).  A worker
+#: killed before the commit leaves those few messages to the queued timeout.
 MAIN_PROCESS_FLUSH_INTERVAL = 0.2
 
 
@@ -55,6 +55,9 @@ def _reserve(sender: Any, request: Any) -> None:
     context = context_for_app(getattr(sender, "app", None))
     if context is None or request is None:
         return
+    exclusions = context.exclusions
+    if exclusions and exclusions.request(request.task_name, request):
+        return
     runtime = context.runtime
     job_id = runtime.job_id
     if job_id is None:
@@ -62,6 +65,8 @@ def _reserve(sender: Any, request: Any) -> None:
     details = request.request_dict
     received = time.time()
     details[RESERVED_AT_HEADER] = received
+    if _received_before(request):
+        details[RECEIVED_BEFORE_HEADER] = True
     try_number = int(details.get("retries") or 0) + 1
     # Held weakly: kept alive by the buffer, every request (its message, headers, body)
     # would outlive its task by up to a flush interval, and the garbage collector would
@@ -69,6 +74,26 @@ def _reserve(sender: Any, request: Any) -> None:
     runtime.writer.submit_built(
         WriteKind.RESERVED, _reservation, (weakref.ref(request), try_number, job_id, received)
     )
+
+
+def _received_before(request: Any) -> bool:
+    """True when the broker says it handed this message out before.
+
+    SQS counts the receives of a message (``ApproximateReceiveCount``, which
+    kombu asks for), but kombu does not turn a second one into Celery's
+    ``redelivered``: a message SQS hands out again once its visibility timeout
+    passed (the unacknowledged messages of a dead worker) would look new to the
+    pool process, whose check of redundant deliveries would let it run again.
+    """
+    info = getattr(getattr(request, "message", None), "delivery_info", None) or {}
+    sqs_message = info.get("sqs_message")
+    if not isinstance(sqs_message, dict):
+        return False
+    count = (sqs_message.get("Attributes") or {}).get("ApproximateReceiveCount", 1)
+    try:
+        return int(count) > 1
+    except (TypeError, ValueError):
+        return False
 
 
 def _reservation(held: tuple[weakref.ref[Any], int, str, float]) -> tuple | None:

@@ -44,8 +44,12 @@ from celery_recovery.messages import claim_from_request, published_alongside, tr
 from celery_recovery.postpone import was_postponed
 from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.signals.guard import handler_failed, never_raises
+from celery_recovery.time_limits import install as install_time_limits
+from celery_recovery.time_limits import note_failure_signal, soft_limit_reason
 from celery_recovery.worker_lost import (
     claim_counting_deaths,
+    failing_request,
+    install_failure_context,
     is_lost_process_retry,
     record_lost_process,
     record_lost_retry,
@@ -74,6 +78,8 @@ BUILTIN_TASKS_PREFIX = "celery."
 OWN_TASKS_PREFIX = "celery_recovery."
 
 _HOOKED = "_celery_recovery_hooked"
+#: Set on the class of a task ``recovery_exclude_tasks`` names: nothing of it is recorded.
+_EXCLUDED = "_celery_recovery_excluded"
 
 
 class _Runs(threading.local):
@@ -85,12 +91,16 @@ class _Runs(threading.local):
     #: That delivery's request, for its ``task_postrun`` (``task.request`` walks Celery's
     #: request stack: about 1.3 µs, on every task).
     request: Any = None
+    #: Id of the delivery this thread runs from a queue ``recovery_exclude_queues`` names.
+    excluded: str | None = None
 
     def __init__(self) -> None:
         #: Task id -> monotonic time its body started, in this thread.
         self.started: dict[str, float] = {}
         #: Task id -> the error or retry reason set aside for its outcome.
         self.errors: dict[str, str | None] = {}
+        #: Task id -> why its try failed, when the error alone does not say (a soft limit).
+        self.reasons: dict[str, str] = {}
 
 
 _runs = _Runs()
@@ -133,10 +143,19 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None and context_for_app(app) is not None:
         _hook_every_task(app)
+        # The worker's main process: what Celery tells there of failed requests.
+        install_failure_context()
+        install_time_limits()
 
 
 def _hook_every_task(app: Any) -> None:
+    context = context_for_app(app)
+    exclusions = context.exclusions if context is not None else None
     for task in list(app.tasks.values()):
+        if exclusions and exclusions.tasks.match(task.name):
+            # Left alone: no claim before its body, no outcome after (on_postrun looks).
+            setattr(type(task), _EXCLUDED, True)
+            continue
         own = task.name.startswith(OWN_TASKS_PREFIX)
         _hook(type(task), drops=not own)
         if not own and not task.name.startswith(BUILTIN_TASKS_PREFIX):
@@ -185,6 +204,10 @@ def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
     context = _context_of(task, request)
     if context is None:
         return False
+    exclusions = context.exclusions
+    if exclusions.queues and exclusions.request(None, request):
+        _runs.excluded = task_id
+        return False
     if drops and drop_if_redundant(context, task, task_id, request):
         return True
     runtime = context.runtime
@@ -227,15 +250,22 @@ def on_failure(
     context = _context_of(sender)
     if context is None or task_id is None or isinstance(exception, LostWorkerError):
         return  # LostWorkerError: fired by the sweep's callback delivery, already recorded
+    if _left_alone(context, sender, task_id):
+        return
     if _runs_here(task_id):
         # In the process running the try: task_postrun follows and writes the outcome.
         _set_aside(task_id, _describe(exception))
+        reason = soft_limit_reason(exception, sender, sender.request)
+        if reason is not None:
+            _runs.reasons[task_id] = reason
         return
     # In the worker's main process (which pushes the request context first, so the
     # request does not tell): the pool process died (WorkerLostError) or hit a hard
     # time limit, so no task_postrun will come from it.
+    if note_failure_signal(task_id, exception):
+        return  # Celery 5.7's report of a hard limit: recorded by time_limits
     if isinstance(exception, WorkerLostError):
-        record_lost_process(context, sender, exception, args, kwargs)
+        record_lost_process(context, sender, task_id, exception, args, kwargs)
         return
     now = utcnow()
     context.runtime.write(
@@ -258,7 +288,7 @@ def on_failure(
 @never_raises
 def on_retry(sender: Any = None, request: Any = None, reason: Any = None, **_: Any) -> None:
     context = _context_of(sender)
-    if context is None or request is None:
+    if context is None or request is None or _left_alone(context, sender, request.id, request):
         return
     if not _runs_here(request.id) and is_lost_process_retry(reason):
         # task_retry_on_worker_lost: the main process retried a try whose pool process died.
@@ -281,7 +311,7 @@ def on_postrun(
 
 
 def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: Any) -> None:
-    if task is None or task_id is None:
+    if task is None or task_id is None or type(task).__dict__.get(_EXCLUDED):
         return
     runs = _runs
     delivery = runs.delivery
@@ -289,6 +319,9 @@ def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: A
     # The request of the delivery this thread entered is the one Celery still holds.
     request = runs.request if entered else task.request
     runs.delivery = runs.request = None
+    if runs.excluded is not None and runs.excluded == task_id:
+        runs.excluded = None
+        return
     context = _context_of(task, request)
     if context is None:
         return
@@ -310,11 +343,20 @@ def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: A
         runtime.record_start(claim_from_request(task, utcnow(), runtime.job_id, request))
         _requeued(context, task, task_id, NEVER_RAN_REASON)
         return
+    if state is None and entered:
+        # The body was interrupted by a signal that stops this process: a hard time
+        # limit or a terminating revoke, which the worker's main process records, or the
+        # worker's cold shutdown, after which a sweep recovers the try.
+        _runs.started.pop(task_id, None)
+        _take_aside(task_id)
+        return
     outcome = _OUTCOMES.get(state or "")
     if outcome is None:
-        outcome = (TaskState.FAILED, f"ended in state {state or 'unknown (process stopped)'}")
+        outcome = (TaskState.FAILED, f"ended in state {state or 'unknown'}")
     new, reason = outcome
     error = _take_aside(task_id)
+    if error is not None and _runs.reasons:
+        reason = _runs.reasons.pop(task_id, reason)
     now = utcnow()
     values: dict[str, Any] = {"state": new, "ended_at": now, "updated_at": now}
     if new is TaskState.UP_FOR_RETRY:
@@ -371,7 +413,7 @@ def on_revoked(
     **_: Any,
 ) -> None:
     context = context_for_app(sender.app) if sender is not None else None
-    if context is None or request is None:
+    if context is None or request is None or _left_alone(context, sender, request.id, request):
         return
     expected: tuple[TaskState, ...] = (TaskState.QUEUED, TaskState.RUNNING)
     if expired:
@@ -397,6 +439,19 @@ def on_revoked(
             },
         ),
     )
+
+
+def _left_alone(context: RecoveryContext, task: Any, task_id: str, request: Any = None) -> bool:
+    """Whether ``task_id`` is of a task or queue the settings exclude (failure paths only)."""
+    if type(task).__dict__.get(_EXCLUDED):
+        return True
+    exclusions = context.exclusions
+    if not exclusions.queues:
+        return False
+    if _runs.excluded == task_id:
+        return True
+    request = request if request is not None else failing_request(task, task_id)
+    return request is not None and exclusions.request(None, request)
 
 
 def _runs_here(task_id: str) -> bool:

@@ -41,6 +41,7 @@ class LivenessRepository(Repository):
             jobs.c.hostname,
             jobs.c.node_name,
             jobs.c.pid,
+            jobs.c.parent_pid,
             jobs.c.latest_heartbeat,
             jobs.c.process_marker,
             jobs.c.marker_lock,

@@ -137,6 +137,11 @@ jobs = Table(
     Column("hostname", String(255), nullable=False, comment="Machine host name"),
     Column("node_name", String(255), comment="Celery node name, e.g. celery@host"),
     Column("pid", Integer, nullable=False),
+    Column(
+        "parent_pid",
+        Integer,
+        comment="Process id of the worker's main process, for a pool process",
+    ),
     Column("state", String(16), nullable=False),
     Column("start_date", UTCDateTime, nullable=False),
     Column("end_date", UTCDateTime),

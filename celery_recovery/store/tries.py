@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
@@ -140,6 +141,19 @@ class TryRepository(TryRecovery):
             stmt = stmt.where(task_records.c.task_name == task_name)
         with self.transaction() as conn:
             return rows_of(conn.execute(stmt))
+
+    def farthest_eta(self) -> tuple[str, datetime, datetime | None] | None:
+        """The queued try whose ETA is farthest ahead, as (task name, ETA, when it was
+        queued), or None: how long a worker holds a message (``celery-recovery doctor``)."""
+        stmt = (
+            select(task_records.c.task_name, task_records.c.eta, task_records.c.queued_at)
+            .where(task_records.c.state == TaskState.QUEUED.value, task_records.c.eta.is_not(None))
+            .order_by(task_records.c.eta.desc())
+            .limit(1)
+        )
+        with self.transaction() as conn:
+            row = conn.execute(stmt).first()
+        return None if row is None else (row[0], row[1], row[2])
 
     def apply_writes(self, writes: Sequence[tuple[WriteKind, Any]]) -> None:
         """Apply buffered writes in order, in one transaction (the write-behind path).

@@ -53,6 +53,7 @@ class TryRecovery(Repository):
                 jobs.c.hostname.label("job_hostname"),
                 jobs.c.node_name.label("job_node_name"),
                 jobs.c.pid.label("job_pid"),
+                jobs.c.parent_pid.label("job_parent_pid"),
             )
             .select_from(task_records.outerjoin(jobs, jobs.c.id == task_records.c.job_id))
             .where(

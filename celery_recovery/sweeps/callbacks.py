@@ -27,6 +27,7 @@ from typing import Any
 
 from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
+from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure
 
 from celery_recovery import metrics
@@ -41,9 +42,10 @@ logger = logging.getLogger("celery_recovery.callbacks")
 MAX_ATTEMPTS = 5
 
 #: Exceptions a callback row may name (a deferred try failed by its trigger, a pool
-#: process Celery saw die); anything else is a lost worker.
+#: process Celery saw die or killed at its hard time limit); anything else is a lost worker.
 _EXCEPTIONS: dict[str, Callable[[str], BaseException]] = {
-    cls.__name__: cls for cls in (TriggerFailedError, TriggerTimeoutError, WorkerLostError)
+    cls.__name__: cls
+    for cls in (TriggerFailedError, TriggerTimeoutError, WorkerLostError, TimeLimitExceeded)
 }
 
 

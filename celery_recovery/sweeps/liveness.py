@@ -28,6 +28,7 @@ from celery_recovery.liveness.job import uses_lock_marker
 from celery_recovery.liveness.process import check_process
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.jobs import report_dead_job
+from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -49,9 +50,20 @@ def sweep_dead_processes(ctx: SweepContext) -> None:
     held = store.liveness.held_marker_locks() if check_locks else set()
     late_before = ctx.now - timedelta(seconds=settings.heartbeat_interval)
     confirm = timedelta(seconds=max(CONFIRM_AFTER, settings.heartbeat_interval / 2))
+    parents = parents_by_process(marked)
     for job in marked:
         with ctx.isolated(f"the liveness markers of job {job['id']}"):
             how = _judge(ctx, job, held if check_locks else None, late_before, confirm)
+            if how is not None and awaits_parent(
+                job["hostname"],
+                job["parent_pid"],
+                job["latest_heartbeat"],
+                parents,
+                ctx.now,
+                settings,
+                settings.heartbeat_interval,
+            ):
+                continue  # its worker's main process records the death (sweeps/parents.py)
             if how is not None and store.liveness.fail_job_if_silent(
                 job["id"], job["latest_heartbeat"], ctx.now
             ):

@@ -16,6 +16,7 @@ from celery import states
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import ResetPlan, SweepOutcome
 from celery_recovery.core.states import TaskState
+from celery_recovery.dead_receives import republish_delay
 from celery_recovery.probe import Probe
 from celery_recovery.republish import republish
 from celery_recovery.store import MESSAGE_COLUMNS, unreadable
@@ -146,7 +147,9 @@ def reset(
     if inserted:
         # After the commit: a publish failure leaves the next try queued, and the
         # lost-message sweep publishes it once it is overdue.
-        republish(ctx.app, record, try_number + 1)
+        # A dead worker's receive may still be open on the broker (SQS): wait it out.
+        delay = republish_delay(ctx.app) if dead_job_id is not None else 0
+        republish(ctx.app, record, try_number + 1, delay)
     return SweepOutcome.REPUBLISHED
 
 

@@ -18,9 +18,10 @@ from celery import states
 from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import JobRow, SweepOutcome, ZombieRow
-from celery_recovery.core.states import TaskState
+from celery_recovery.core.states import JobState, JobType, TaskState
 from celery_recovery.probe import Probe
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
 
@@ -30,7 +31,7 @@ logger = logging.getLogger("celery_recovery.sweep")
 def sweep_zombies(ctx: SweepContext) -> None:
     settings = ctx.settings
     store = ctx.store
-    zombies = store.tries.find_zombies(ctx.now, settings.zombie_threshold)
+    zombies = _judged_here(ctx, store.tries.find_zombies(ctx.now, settings.zombie_threshold))
     if not zombies:
         return
     ctx.report.zombies += len(zombies)
@@ -40,6 +41,27 @@ def sweep_zombies(ctx: SweepContext) -> None:
         sentry.capture_zombie(zombie, action, ctx.now)
 
     decide_each(ctx, zombies, "zombie", lambda z, seen, live: _handle(ctx, z, seen, live), counted)
+
+
+def _judged_here(ctx: SweepContext, zombies: list[ZombieRow]) -> list[ZombieRow]:
+    """The zombies whose death is not left to their worker's live main process."""
+    if not any(z.get("job_parent_pid") is not None for z in zombies):
+        return zombies
+    settings = ctx.settings
+    parents = parents_by_process(ctx.store.jobs.list_jobs(JobType.WORKER, JobState.RUNNING))
+    return [
+        z
+        for z in zombies
+        if not awaits_parent(
+            z.get("job_hostname"),
+            z.get("job_parent_pid"),
+            z.get("job_heartbeat"),
+            parents,
+            ctx.now,
+            settings,
+            settings.zombie_threshold,
+        )
+    ]
 
 
 def _handle(

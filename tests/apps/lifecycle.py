@@ -10,6 +10,7 @@ publishing app with :func:`create_app` so each test has its own store and queue.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -32,6 +33,33 @@ from celery_recovery import (
 )
 from tests.apps import canvas_tasks, triggers
 
+#: kombu's filesystem transport (the demo's broker), its folder after the scheme here.
+FILESYSTEM = "filesystem://"
+
+#: Seconds each SQS receive waits on the server for a message (kombu's default is 10):
+#: short, so that the tests wait less for the receives a killed worker left open.
+SQS_WAIT_TIME = 2
+
+
+def sqs_transport_options(
+    visibility_timeout: float | None = None, wait_time: int = SQS_WAIT_TIME
+) -> dict[str, Any]:
+    """kombu's SQS transport against the local server (plain HTTP, any region).
+
+    An idle worker has a receive open nearly all the time (0.2 s between empty
+    receives instead of kombu's 1 s), as a killed one then has.  SQS takes a
+    whole number of seconds for the queue's visibility timeout, which kombu sets when
+    it creates the queue (30 minutes unless given)."""
+    options: dict[str, Any] = {
+        "region": "us-east-1",
+        "is_secure": False,
+        "wait_time_seconds": wait_time,
+        "polling_interval": 0.2,
+    }
+    if visibility_timeout is not None:
+        options["visibility_timeout"] = math.ceil(visibility_timeout)
+    return options
+
 
 def create_app(
     broker: str,
@@ -42,6 +70,7 @@ def create_app(
     reject_on_worker_lost: bool = False,
     visibility_timeout: float | None = None,
     prefetch_multiplier: int = 1,
+    sqs_wait_time: int = SQS_WAIT_TIME,
 ) -> Celery:
     """A lifecycle app; ``recovery`` holds the overrides to install celery-recovery with.
 
@@ -61,7 +90,18 @@ def create_app(
         task_acks_late=acks_late,
         task_reject_on_worker_lost=reject_on_worker_lost,
     )
-    if visibility_timeout is not None:
+    if broker.startswith(FILESYSTEM):
+        # The folder travels in the URL (the tests' convention); kombu takes it as options.
+        folder = broker[len(FILESYSTEM) :]
+        app.conf.broker_url = FILESYSTEM
+        app.conf.broker_transport_options = {
+            "data_folder_in": f"{folder}/data",
+            "data_folder_out": f"{folder}/data",
+            "control_folder": f"{folder}/control",
+        }
+    elif broker.startswith("sqs://"):
+        app.conf.broker_transport_options = sqs_transport_options(visibility_timeout, sqs_wait_time)
+    elif visibility_timeout is not None:
         app.conf.broker_transport_options = {
             "visibility_timeout": visibility_timeout,
             "unacked_restore_interval": 1,
@@ -107,6 +147,23 @@ def _end_worker_once_the_chain_ran(sender=None, headers=None, **_):
     while not chain_end.ready() and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _overrun(self, ledger):
+    """Sleeps past its task's time limit (lets SoftTimeLimitExceeded escape)."""
+    _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+    time.sleep(60)
+
+
+def log_failure_listeners(app: Celery, path: str) -> None:
+    """A failure listener that appends what it hears to ``path`` (whichever process sweeps:
+    the test's, or a worker's fallback sweep)."""
+    from celery_recovery.recovery import recovery_for_app
+
+    def listener(task_id, task_name, try_number, kind, exception):
+        _append(path, f"{kind} {task_id} try={try_number} {type(exception).__name__}")
+
+    recovery_for_app(app).add_failure_listener(listener)
 
 
 class LedgerTask(Task):
@@ -204,6 +261,32 @@ def _register_tasks(app: Celery) -> None:
         """Kills its own process, as a task the OOM killer always picks would."""
         _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
         os.kill(os.getpid(), signal.SIGKILL)
+
+    @app.task(shared=False, name="lifecycle.self_kill", bind=True, base=LedgerTask, max_retries=2)
+    def self_kill(self, ledger):
+        """Kills its own pool process on every run, with early acknowledgement.
+
+        Not at once: a process killed before the worker's main process has read that it
+        accepted the job has the job put back into another process by the pool (plain
+        Celery runs it twice too); this test task is about a death mid-body."""
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # Time limits: each runs far past its limit on every try.
+    for name, options in (
+        ("hard_limited", {"time_limit": 1}),
+        ("soft_limited", {"soft_time_limit": 1, "time_limit": 30}),
+        ("hard_limited_late", {"time_limit": 1, "acks_late": True, "reject_on_worker_lost": True}),
+    ):
+        app.task(
+            shared=False,
+            name=f"lifecycle.{name}",
+            bind=True,
+            base=LedgerTask,
+            max_retries=2,
+            **options,
+        )(_overrun)
 
     @app.task(shared=False, name="lifecycle.spawn", bind=True)
     def spawn(self, ledger, child_id):
@@ -405,6 +488,14 @@ def _register_tasks(app: Celery) -> None:
             raise Reject(requeue=True)
         return "second delivery"
 
+    @app.task(
+        shared=False, name="lifecycle.reject_for_good", bind=True, acks_late=True, base=LedgerTask
+    )
+    def reject_for_good(self, ledger):
+        """Drops its own message: Reject(requeue=False)."""
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        raise Reject("not wanted", requeue=False)
+
 
 if os.environ.get("RECOVERY_TEST_HOSTNAME"):
     # Tests run every worker on one machine; this one pretends to be on its own host.
@@ -431,7 +522,10 @@ app = create_app(
         else None
     ),
     prefetch_multiplier=int(os.environ.get("RECOVERY_TEST_PREFETCH") or 1),
+    sqs_wait_time=int(os.environ.get("RECOVERY_TEST_SQS_WAIT") or SQS_WAIT_TIME),
 )
+if os.environ.get("RECOVERY_TEST_LISTENER_LOG"):
+    log_failure_listeners(app, os.environ["RECOVERY_TEST_LISTENER_LOG"])
 if os.environ.get("RECOVERY_TEST_BACKEND_RETRIES"):
     # Celery retries an unreachable Redis result backend for ~20 s before it gives up.
     app.conf.result_backend_transport_options = {

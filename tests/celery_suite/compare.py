@@ -1,7 +1,8 @@
 """Run Celery's own integration suite without and with ``Recovery(app)``, and compare.
 
 Every test that passes without Recovery must pass with it.  Standalone, printing
-a JSON summary (exit status 1 when a test passes without and fails with)::
+a JSON summary (exit status 1 when a test passes without and fails with, 2 when a
+run executed no test)::
 
     RECOVERY_TEST_REDIS_DB=13 python -m tests.celery_suite.compare --timeout 3000
 
@@ -316,6 +317,20 @@ def main(argv: list[str] | None = None) -> int:
         parallel_db=args.parallel_db,
     )
     print(json.dumps(result, indent=2, default=str))
+    return exit_status(result)
+
+
+def exit_status(result: dict[str, Any]) -> int:
+    """0: no regression; 1: a test passes only without Recovery; 2: nothing to compare (a
+    run executed no test, e.g. the suite failed to collect, or timed out)."""
+    empty = [name for name in ("without", "with") if not result[name].get("run")]
+    if empty:
+        print(
+            f"compare: the run{'s' if len(empty) > 1 else ''} {' and '.join(empty)} Recovery "
+            "executed no test (see log_tails): nothing was compared",
+            file=sys.stderr,
+        )
+        return 2
     return 1 if result["regressions"] else 0
 
 

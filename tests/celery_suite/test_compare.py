@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.celery_suite.compare import compare
+from tests.celery_suite.compare import compare, exit_status
 from tests.services import BACKEND_DB, BROKER_DB, REDIS_URL, require
 
 pytestmark = pytest.mark.slow
@@ -65,3 +65,17 @@ def test_celery_integration_subset_passes_with_recovery_installed():
     after = result["with"]["store_after_run"]
     # Nothing the suite revoked, expired or finished is published again later.
     assert after["sweep_after_queued_timeout"]["republished"] == 0, after
+
+
+@pytest.mark.parametrize(
+    "without,with_,regressions,status",
+    [
+        ({"run": 0}, {"run": 0}, [], 2),  # the suite did not collect (e.g. a missing plugin)
+        ({"run": 12, "passed": 12}, {"run": 0}, [], 2),
+        ({"run": 12, "passed": 12}, {"run": 12, "passed": 11}, ["t/x"], 1),
+        ({"run": 12, "passed": 12}, {"run": 12, "passed": 12}, [], 0),
+    ],
+)
+def test_the_comparison_fails_when_a_run_executed_no_test(without, with_, regressions, status):
+    result = {"without": without, "with": with_, "regressions": regressions}
+    assert exit_status(result) == status

@@ -45,9 +45,13 @@ class PrivateRedis:
     forgets every queued message, result and lock.
     """
 
-    def __init__(self, directory: Path, persistent: bool = False) -> None:
+    def __init__(
+        self, directory: Path, persistent: bool = False, options: tuple[str, ...] = ()
+    ) -> None:
         self.directory = directory
         self.persistent = persistent
+        #: More redis-server options, e.g. ("--maxmemory-policy", "allkeys-lru").
+        self.options = options
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -62,7 +66,7 @@ class PrivateRedis:
             else ["--appendonly", "no"]
         )
         command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        command += ["--save", "", *persistence, "--dir", str(self.directory)]
+        command += ["--save", "", *persistence, "--dir", str(self.directory), *self.options]
         with open(self.directory / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: _answering(self.port), 10, what=f"redis-server on {self.port}")

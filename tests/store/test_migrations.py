@@ -99,9 +99,8 @@ def test_a_store_behind_the_head_is_refused_on_postgresql_and_upgraded_on_sqlite
     engine = create_store_engine(store_at_0009, for_migrations=True)
     assert current_revision(engine) == "0009"
     if engine.dialect.name == "postgresql":
-        with pytest.raises(
-            StoreSchemaError, match=rf"revision 0009.*needs {HEAD_REVISION}.*db upgrade"
-        ):
+        needs = rf"revision 0009.*needs {HEAD_REVISION}.*db upgrade"
+        with pytest.raises(StoreSchemaError, match=needs):
             ensure_schema(engine)
     else:
         ensure_schema(engine)

@@ -98,8 +98,9 @@ def test_a_frozen_broker_connection_fails_the_probe_within_the_bound_and_nothing
 
 
 def test_an_idle_worker_with_empty_queues_keeps_passing_the_probe(start_proxied_worker, store_url):
-    # Given an idle worker whose queues are empty
+    # Given an idle worker whose queues are empty (its jobs registered)
     worker = start_proxied_worker(store_url)
+    wait_for(lambda: probe(store_url, worker).exit_code == 0, 10, what="its jobs to register")
 
     # When it stays idle for longer than the stall timeout, asking the broker meanwhile
     deadline = time.monotonic() + STALL_TIMEOUT * 1.5

@@ -19,6 +19,8 @@ from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.test_races import make_zombie
 
+pytestmark = pytest.mark.compat
+
 INTERVAL = FAST_SETTINGS["heartbeat_interval"]
 
 

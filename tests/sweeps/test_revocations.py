@@ -16,6 +16,8 @@ from celery_recovery.revocations import revoked_because
 from tests.conftest import app_env
 from tests.workers import ROOT, wait_for
 
+pytestmark = pytest.mark.compat
+
 REVOKED = TaskState.REVOKED
 
 

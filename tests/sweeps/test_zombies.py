@@ -17,6 +17,7 @@ from tests.conftest import FAST_SETTINGS
 from tests.sweeps.helpers import (
     count,
     ledger_lines,
+    restore_unacked,
     run_concurrently,
     running_try,
     sweep_until,
@@ -24,7 +25,7 @@ from tests.sweeps.helpers import (
 )
 from tests.workers import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 ZOMBIE = FAST_SETTINGS["zombie_threshold"]
 SWEEP = FAST_SETTINGS["sweep_interval"]
@@ -165,6 +166,7 @@ def test_redelivered_original_of_a_recovered_try_does_not_run_again(
     deadline = time.monotonic() + visibility * 4 + 30
     while True:
         assert count(ledger, "done") == 1, ledger_lines(ledger)
+        restore_unacked(client_app, visibility)
         recovery_for_app(client_app).sweep()
         now = time.monotonic()
         quiet = broker != "redis" or not (

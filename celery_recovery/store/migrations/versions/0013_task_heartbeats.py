@@ -10,7 +10,7 @@ asked, and whether it judged itself stalled), written by the same UPDATE as
 its heartbeat.
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-04
 """
 
@@ -22,7 +22,7 @@ from alembic import op
 from celery_recovery.store.schema import Json, MessageJSON, UTCDateTime
 
 revision = "0013"
-down_revision = "0011"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
