@@ -25,6 +25,9 @@ deliveries.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 #: Header on a message published by a run that may repeat an earlier one: how many
@@ -35,8 +38,24 @@ RESENT_HEADER = "recovery_resent"
 MAX_HOPS = 4
 
 
+_again = threading.local()
+
+
+@contextmanager
+def sending_again() -> Iterator[None]:
+    """Mark what this thread publishes inside as a copy of an earlier publish that may
+    have happened (a beat sending a run another leader claimed and may have sent)."""
+    _again.on = True
+    try:
+        yield
+    finally:
+        _again.on = False
+
+
 def resent_hops(app: Any, task_id: str | None) -> int | None:
     """The mark a publish of ``task_id`` made now in this process carries, or None."""
+    if getattr(_again, "on", False):
+        return 1
     task = app.current_worker_task
     if task is None:
         return None

@@ -32,7 +32,7 @@ limit_option = click.option(
 
 @click.group()
 def inspect() -> None:
-    """Show zombies, orphaned triggers, deferred tasks, jobs, tries and held locks.
+    """Show zombies, orphaned triggers, deferred tasks, jobs, tries, held locks and schedules.
 
     \b
     Example:

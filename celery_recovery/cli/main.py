@@ -16,6 +16,7 @@ from celery_recovery.cli.doctor import doctor
 from celery_recovery.cli.inspect import inspect
 from celery_recovery.cli.jobs import jobs
 from celery_recovery.cli.run import demo, sweep, triggerer
+from celery_recovery.cli.schedules import schedules
 from celery_recovery.cli.support import load_app
 from celery_recovery.cli.web import web
 
@@ -54,6 +55,7 @@ def recovery(ctx: click.Context, app_spec: str | None, database_url: str | None)
 
 for command in (db, inspect, jobs, sweep, triggerer, demo, web, doctor):
     recovery.add_command(command)
+inspect.add_command(schedules)
 
 
 def main() -> None:

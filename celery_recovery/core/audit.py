@@ -46,6 +46,14 @@ class AuditAction(StrEnum):
     CALLBACK_ABANDONED = "callback_abandoned"
     #: A worker found its own consumer stalled (alive, not taking messages).
     STALLED = "stalled"
+    #: A beat took the lead of the schedule (the lease's previous holder let it go).
+    BEAT_LEAD_TAKEN = "beat_lead_taken"
+    #: A beat sent a scheduled run late, after runs no beat sent in time.
+    BEAT_CAUGHT_UP = "beat_caught_up"
+    #: Scheduled runs no beat sent in time were recorded as missed, none sent.
+    BEAT_SKIPPED = "beat_skipped"
+    #: A beat sent a run another leader had claimed and never confirmed sent.
+    BEAT_RESENT = "beat_resent"
 
 
 #: Actions that recovered a try (the overview's chart counts these).
@@ -80,6 +88,14 @@ class AuditReason(StrEnum):
     CONSUMER_STALLED = "consumer_stalled"
     #: A running try did not call ``heartbeat()`` for its ``recovery_heartbeat_timeout``.
     HUNG = "hung"
+    #: No beat held the schedule's lease (its leader died, paused or stopped).
+    BEAT_LEADER_GONE = "beat_leader_gone"
+    #: Scheduled runs fell due while no beat led; the entry's catch-up policy decided.
+    BEAT_MISSED_RUNS = "beat_missed_runs"
+    #: The entry's previous run was still queued or running (its overlap policy decided).
+    BEAT_OVERLAP = "beat_overlap"
+    #: A leader claimed a run and lost the lead before confirming it sent.
+    BEAT_UNSENT_CLAIM = "beat_unsent_claim"
 
 
 #: Record keys that name the process that ran the try (a zombie query's join).
@@ -166,3 +182,25 @@ def stale_delivery(
     actor = f"{socket.gethostname()}:{os.getpid()}"
     dropped, stale = AuditAction.DROPPED, AuditReason.STALE_DELIVERY
     return Decision.of(utcnow(), dropped, stale, record, why, actor)
+
+
+def beat_decision(
+    action: AuditAction,
+    reason: AuditReason,
+    entry: str,
+    task_name: str | None,
+    task_id: str | None,
+    detail: str,
+    at: datetime | None = None,
+) -> Decision:
+    """A beat scheduler's decision about schedule entry ``entry`` (named in ``detail``)."""
+    return Decision(
+        at=at or utcnow(),
+        action=action,
+        reason=reason,
+        task_id=task_id,
+        try_number=1 if task_id is not None else None,
+        task_name=task_name,
+        detail=f"{entry}: {detail}",
+        actor=f"{socket.gethostname()}:{os.getpid()}",
+    )

@@ -234,3 +234,23 @@ class ReservedRow(ZombieRow, total=False):
     """A queued try whose message a dead worker job received and never started."""
 
     reserved_by: str
+
+
+class BeatEntryRow(TypedDict, total=False):
+    """One ``beat_entries`` row: a beat_schedule entry's state in the store."""
+
+    name: str
+    task: str
+    schedule: str | None
+    last_run_at: datetime
+    total_run_count: int
+    pending_run_at: datetime | None
+    pending_task_id: str | None
+    pending_token: int | None
+    last_sent_run_at: datetime | None
+    last_task_id: str | None
+    last_sent_at: datetime | None
+    missed_count: int
+    last_missed_at: datetime | None
+    last_missed_reason: str | None
+    updated_at: datetime

@@ -61,6 +61,8 @@ DEFAULT_PRESET = "default"
 DEFAULT_LIVENESS_MARKERS = "auto"
 #: The values of recovery_liveness_markers.
 LIVENESS_MARKER_MODES = ("auto", "process", "off")
+#: Seconds a missed beat run may be late and still be sent (``catch_up`` "latest"/"all").
+DEFAULT_BEAT_CATCH_UP_WINDOW = 86400.0
 #: Port on which sweep and triggerer processes serve Prometheus metrics; None serves nothing.
 DEFAULT_METRICS_PORT: int | None = None
 #: Whether a worker runs the doctor once at start and logs what it finds.
@@ -452,6 +454,17 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "alone. See docs/failure-modes.md.",
     ),
     SettingSpec(
+        "beat_catch_up_window",
+        DEFAULT_BEAT_CATCH_UP_WINDOW,
+        _duration,
+        "With `celery_recovery.beat:Scheduler`: how late a scheduled run no beat sent in time "
+        "(every beat down, or no leader yet) may be and still be sent, under the entry's "
+        "catch-up policy (`latest`, the default: the newest missed run once; `all`: each one). "
+        "An entry's `options={'recovery': {'catch_up_window': ...}}` overrides it. "
+        "See docs/beat.md.",
+        "s",
+    ),
+    SettingSpec(
         "metrics_port",
         DEFAULT_METRICS_PORT,
         _port,
@@ -537,6 +550,7 @@ class RecoverySettings:
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
     trigger_allowed_modules: tuple[str, ...] | None = None
     liveness_markers: str = DEFAULT_LIVENESS_MARKERS
+    beat_catch_up_window: float = DEFAULT_BEAT_CATCH_UP_WINDOW
     metrics_port: int | None = DEFAULT_METRICS_PORT
     doctor_at_start: bool = DEFAULT_DOCTOR_AT_START
     longest_eta: float | None = DEFAULT_LONGEST_ETA

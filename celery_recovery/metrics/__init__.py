@@ -5,6 +5,7 @@ describes them for operators.  Recording is a counter increment or a gauge
 set, never a store round trip per task, and never raises.
 """
 
+from celery_recovery.metrics.beat import beat_lead, beat_runs
 from celery_recovery.metrics.definitions import PREFIX
 from celery_recovery.metrics.record import (
     callback_outcome,
@@ -38,6 +39,8 @@ __all__ = [
     "MULTIPROC_ENV",
     "PREFIX",
     "MetricsServerError",
+    "beat_lead",
+    "beat_runs",
     "blocked_loop",
     "callback_outcome",
     "consumer_stalled",

@@ -40,6 +40,11 @@ STORE_ERRORS = ("unavailable", "schema", "other")
 #: (the key completed before) did not; ``error``: Redis could not be asked.
 LOCK_OUTCOMES = ("acquired", "held", "done", "error")
 JOB_TYPES = tuple(t.value for t in JobType)
+#: What a leading beat did with a scheduled run: ``sent`` on time, ``late`` (sent
+#: after runs were missed), ``missed`` (never sent, under the entry's catch-up policy),
+#: ``resent`` (claimed by another leader, sent again) or ``confirmed`` (claimed by
+#: another leader, found sent).
+BEAT_RUN_OUTCOMES = ("sent", "late", "missed", "resent", "confirmed")
 #: Outcomes of a trigger, as the triggerer reports them.
 TRIGGER_EVENT_KINDS = ("resumed", "succeeded", "failed", "timed_out", "error")
 
@@ -170,6 +175,25 @@ BLOCKED_LOOP = Counter(
 )
 
 
+# -- beat -------------------------------------------------------------------------
+
+BEAT_LEADING = Gauge(
+    PREFIX + "beat_leading",
+    "1 while this beat (celery_recovery.beat:Scheduler) holds the schedule's lease, else 0.",
+    multiprocess_mode="livesum",
+)
+BEAT_LEAD_CHANGES = Counter(
+    PREFIX + "beat_lead_changes_total",
+    "Times this beat took the schedule's lead (a new fencing token) or lost it, by change.",
+    ["change"],
+)
+BEAT_RUNS = Counter(
+    PREFIX + "beat_runs_total",
+    "Scheduled runs a leading beat decided, by outcome: sent, late, missed, resent, confirmed.",
+    ["outcome"],
+)
+
+
 def _create_series() -> None:
     for cause in CAUSES:
         for action in ACTIONS:
@@ -185,6 +209,10 @@ def _create_series() -> None:
         LOCK_ACQUISITIONS.labels(outcome)
     for kind in TRIGGER_EVENT_KINDS:
         TRIGGER_EVENTS.labels(kind)
+    for change in ("taken", "lost"):
+        BEAT_LEAD_CHANGES.labels(change)
+    for outcome in BEAT_RUN_OUTCOMES:
+        BEAT_RUNS.labels(outcome)
 
 
 _create_series()

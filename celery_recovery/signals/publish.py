@@ -75,16 +75,16 @@ def _stage(
         # A worker process, beat or a triggerer: this host's loss takes its buffered
         # record, so a delivery started here soon after claims before its body.
         headers[PUBLISHED_ON_HEADER] = HOSTNAME
-        # Sent by a run that may repeat an earlier one: its worker checks it first.
-        hops = resent_hops(context.app, headers.get("id"))
-        if hops is None:
-            headers.pop(RESENT_HEADER, None)
-        else:
-            headers[RESENT_HEADER] = hops
     else:
         # Stamps copied with another message's headers are not this publisher's.
         headers.pop(PUBLISHED_ON_HEADER, None)
+    # Sent by a run that may repeat an earlier one (or a beat sending a run again):
+    # its worker checks it first.  A mark copied from another message is dropped.
+    hops = resent_hops(context.app, headers.get("id"))
+    if hops is None:
         headers.pop(RESENT_HEADER, None)
+    else:
+        headers[RESENT_HEADER] = hops
     _staged.capture = (capture, context.runtime.writer)
 
 

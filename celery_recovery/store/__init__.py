@@ -4,6 +4,7 @@ Outside this package, import from here only: the repositories' modules and
 the schema are the store's own.
 """
 
+from celery_recovery.store.beat import BEAT_LEASE, Fence
 from celery_recovery.store.claims import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
 from celery_recovery.store.retention import RETENTION_TABLES
 from celery_recovery.store.schema import EncodedJSON, unreadable
@@ -13,6 +14,7 @@ from celery_recovery.store.triggers import FAILURE, RESUME, SUCCESS, Finish, Fir
 from celery_recovery.store.try_recovery import MISSING_JOB_GRACE
 
 __all__ = [
+    "BEAT_LEASE",
     "CLAIM_NAME_MAX",
     "CLAIM_PREFIX",
     "FAILURE",
@@ -23,6 +25,7 @@ __all__ = [
     "SUCCESS",
     "Claim",
     "EncodedJSON",
+    "Fence",
     "Finish",
     "Firing",
     "Store",

@@ -9,6 +9,7 @@ from sqlalchemy import (
     case,
     func,
     or_,
+    select,
     update,
 )
 
@@ -57,6 +58,25 @@ class LeaseRepository(Repository):
             )
             row = conn.execute(stmt).first()
         return int(row[0]) if row else None
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        """Give up lease ``name`` if ``holder`` holds it, so that another may take it now."""
+        stmt = (
+            update(leases)
+            .where(leases.c.name == name, leases.c.holder == holder)
+            .values(holder=None, expires_at=None)
+        )
+        with self.transaction() as conn:
+            return conn.execute(stmt).rowcount == 1
+
+    def lease(self, name: str) -> dict[str, Any] | None:
+        """Lease ``name``'s holder, token and expiry, or None when never taken."""
+        stmt = select(leases.c.holder, leases.c.token, leases.c.expires_at).where(
+            leases.c.name == name
+        )
+        with self.transaction() as conn:
+            row = conn.execute(stmt).mappings().first()
+        return dict(row) if row is not None else None
 
 
 def _same_holder_token(holder: str) -> Any:

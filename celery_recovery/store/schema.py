@@ -368,3 +368,28 @@ task_heartbeats = Table(
     Column("beat_at", UTCDateTime, nullable=False, comment="The try's last heartbeat()"),
     Column("details", MessageJSON, comment="The last details it gave heartbeat() (JSON)"),
 )
+
+beat_entries = Table(
+    "beat_entries",
+    metadata,
+    Column("name", String(255), primary_key=True, comment="The beat_schedule entry's name"),
+    Column("task", String(255), nullable=False, comment="The task the entry sends"),
+    Column("schedule", Text, comment="The entry's schedule, as Celery prints it"),
+    Column(
+        "last_run_at",
+        UTCDateTime,
+        nullable=False,
+        comment="Latest scheduled time decided: claimed, or missed under the catch-up policy",
+    ),
+    Column("total_run_count", Integer, nullable=False, server_default=text("0")),
+    Column("pending_run_at", UTCDateTime, comment="Scheduled time of a claimed, unsent run"),
+    Column("pending_task_id", String(64), comment="Task id of that run"),
+    Column("pending_token", BigInteger, comment="Fencing token of the leader that claimed it"),
+    Column("last_sent_run_at", UTCDateTime, comment="Scheduled time of the last run sent"),
+    Column("last_task_id", String(64), comment="Task id of the last run sent"),
+    Column("last_sent_at", UTCDateTime, comment="When the last run was sent"),
+    Column("missed_count", Integer, nullable=False, server_default=text("0")),
+    Column("last_missed_at", UTCDateTime, comment="Latest scheduled time not run"),
+    Column("last_missed_reason", Text, comment="Why it was not run"),
+    Column("updated_at", UTCDateTime, nullable=False),
+)

@@ -3,7 +3,7 @@
 ``store.jobs``, ``store.tries``, ``store.triggers``, ``store.outbox`` and
 ``store.leases`` are the main repositories; the smaller ones each keep one
 table (reservations, revocations, publish-once claims, check-ins, liveness
-markers of jobs, retention).  Every repository method is one short
+markers of jobs, retention, beat schedules).  Every repository method is one short
 transaction of its own; no caller code runs while one is open.
 """
 
@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from sqlalchemy.engine import Connection, Engine
 
 from celery_recovery.core.urls import mask_url
+from celery_recovery.store.beat import BeatRepository
 from celery_recovery.store.checkins import CheckinRepository
 from celery_recovery.store.claims import ClaimRepository
 from celery_recovery.store.database import Database
@@ -47,6 +48,7 @@ class Store:
         self.checkins = CheckinRepository(self.db)
         self.retention = RetentionRepository(self.db)
         self.heartbeats = TaskHeartbeatRepository(self.db)
+        self.beat = BeatRepository(self.db)
 
     def __repr__(self) -> str:
         return f"<Store {mask_url(self.url)}>"

@@ -30,6 +30,7 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.web import chart
 from celery_recovery.web.queries import ConsoleQueries, Page
 from celery_recovery.web.readonly import ReadOnlyStore
+from celery_recovery.web.schedules import schedules
 from celery_recovery.web.security import Access, SecurityMiddleware
 
 HERE = Path(__file__).parent
@@ -119,6 +120,7 @@ def create_app(
         *page("deferred", lambda r: _listing(console.queries.deferred, r, "queue")),
         *page("callbacks", lambda r: _listing(console.queries.callbacks, r)),
         *page("locks", lambda r: _locks(console)),
+        *page("schedules", lambda r: schedules(console.queries.store, utcnow())),
         *_task_routes(console, templates),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -9,8 +9,8 @@ and running messages, free slots, ready messages its queues held when it last
 asked, and whether it judged itself stalled), written by the same UPDATE as
 its heartbeat.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-04
 """
 
@@ -21,8 +21,8 @@ from alembic import op
 
 from celery_recovery.store.schema import Json, MessageJSON, UTCDateTime
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 
