@@ -9,6 +9,7 @@ from celery import Celery
 
 from celery_recovery.stalls.broker import ready_messages
 from tests.faults.servers import free_port
+from tests.workers import wait_for
 
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
@@ -21,8 +22,18 @@ def test_the_ready_messages_of_a_workers_queues_are_counted(broker, broker_urls,
         # Given three messages waiting in a queue nobody consumes
         for n in range(3):
             app.send_task("lifecycle.add", (n, 1))
-        # Then the probe counts them, and only them
-        assert ready_messages(app, [queue, f"{queue}-other"], timeout=2) == 3
+        # Then the probe counts them, and only them (RabbitMQ's count follows the
+        # publishes within moments: its confirms are not waited for here)
+        counted = []
+        wait_for(
+            lambda: (
+                counted.append(ready_messages(app, [queue, f"{queue}-other"], 2))
+                or counted[-1] >= 3
+            ),
+            10,
+            what="the three messages to be counted",
+        )
+        assert counted[-1] == 3, counted
     finally:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_purge(queue)
