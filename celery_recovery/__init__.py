@@ -9,7 +9,9 @@ Two lines install it::
 from celery_recovery.core.errors import (
     ConfigurationError,
     DeferralError,
+    HeartbeatDetailsError,
     RecoveryError,
+    StaleTryError,
     StoreError,
     StoreSchemaError,
     StoreUnavailableError,
@@ -21,6 +23,7 @@ from celery_recovery.core.states import DEFERRED_STATE, JobState, JobType, TaskS
 from celery_recovery.deferral import TaskDeferred, defer
 from celery_recovery.recoverable import current_fencing_token, recoverable
 from celery_recovery.recovery import Recovery
+from celery_recovery.task_heartbeats import heartbeat, heartbeat_details
 from celery_recovery.triggers import (
     BaseTrigger,
     DateTimeTrigger,
@@ -39,11 +42,13 @@ __all__ = [
     "ConfigurationError",
     "DateTimeTrigger",
     "DeferralError",
+    "HeartbeatDetailsError",
     "JobState",
     "JobType",
     "Recovery",
     "RecoveryError",
     "RecoverySettings",
+    "StaleTryError",
     "StoreError",
     "StoreSchemaError",
     "StoreUnavailableError",
@@ -59,5 +64,7 @@ __all__ = [
     "__version__",
     "current_fencing_token",
     "defer",
+    "heartbeat",
+    "heartbeat_details",
     "recoverable",
 ]

@@ -34,6 +34,7 @@ class HeartbeatThread(threading.Thread):
         job: dict[str, Any],
         interval: float,
         on_beat: Callable[[], None] | None = None,
+        consumer: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(name=f"celery-recovery-heartbeat-{job['job_type']}", daemon=True)
         self.store = store
@@ -41,6 +42,8 @@ class HeartbeatThread(threading.Thread):
         self.job = job
         self.interval = interval
         self.on_beat = on_beat
+        #: A worker main process's consumer state, written with each beat.
+        self.consumer = consumer
         self._stop_event = threading.Event()
         self._registered = False
 
@@ -79,13 +82,26 @@ class HeartbeatThread(threading.Thread):
         except StoreError as exc:
             logger.info("celery-recovery: could not record the end of job %s: %s", self.job_id, exc)
 
+    def _consumer_state(self) -> dict[str, Any] | None:
+        if self.consumer is None:
+            return None
+        try:
+            return self.consumer()
+        except Exception:
+            logger.exception("celery-recovery: reading the consumer's state failed; beating on")
+            return None
+
     def _beat(self) -> None:
         now = utcnow()
+        consumer = self._consumer_state()
         try:
             if not self._registered:
-                self.store.jobs.add_job({**self.job, "latest_heartbeat": now})
+                job = {**self.job, "latest_heartbeat": now}
+                if consumer is not None:
+                    job["consumer"] = consumer
+                self.store.jobs.add_job(job)
                 self._registered = True
-            elif not self.store.jobs.heartbeat(self.job_id, now):
+            elif not self.store.jobs.heartbeat(self.job_id, now, consumer):
                 self._on_missing_row(now)
         except StoreError as exc:
             self.health.record_failure(exc, f"heartbeating job {self.job_id}")

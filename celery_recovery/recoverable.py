@@ -79,6 +79,7 @@ def recoverable(
     on_duplicate: str = "retry",
     on_lock_error: str = "retry",
     retry_countdown: float = 5.0,
+    recovery_heartbeat_timeout: float | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -91,14 +92,21 @@ def recoverable(
     on_duplicate: str = "retry",
     on_lock_error: str = "retry",
     retry_countdown: float = 5.0,
+    recovery_heartbeat_timeout: float | None = None,
 ) -> F | Callable[[F], F]:
     """Guard a task body with an idempotency lock; see the module documentation.
 
     ``idempotency_key``: a format string over the task's arguments (by name),
     a callable taking the same arguments, or None for the task name plus a
     stable hash of the arguments.  ``lock_ttl``, ``result_ttl`` and
-    ``retry_countdown`` are seconds.
+    ``retry_countdown`` are seconds.  ``recovery_heartbeat_timeout`` (seconds) is
+    the same as the task attribute: a try that does not call ``heartbeat()`` that
+    often is stopped and run again (docs/stuck.md).
     """
+    if recovery_heartbeat_timeout is not None:
+        recovery_heartbeat_timeout = positive_seconds(
+            "recovery_heartbeat_timeout", recovery_heartbeat_timeout, timedelta_ok=True
+        )
     options = _Options(
         idempotency_key, lock_ttl, result_ttl, on_duplicate, on_lock_error, retry_countdown
     )
@@ -115,6 +123,9 @@ def recoverable(
                 return function(*args, **kwargs)
             return call.run()
 
+        if recovery_heartbeat_timeout is not None:
+            # Read through the task's ``run`` by the worker's main process.
+            guarded.recovery_heartbeat_timeout = recovery_heartbeat_timeout  # type: ignore[attr-defined]
         # How `celery-recovery doctor` knows the app takes idempotency locks (and so
         # which Redis must keep them).
         guarded.__recoverable__ = options  # type: ignore[attr-defined]

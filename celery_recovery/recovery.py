@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_recovery import signals
+from celery_recovery import signals, task_heartbeats
 from celery_recovery.canvas import install_chord_body_once
 from celery_recovery.context import RecoveryContext, install, uninstall
 from celery_recovery.core.records import SweepReport
@@ -65,6 +65,7 @@ class Recovery:
         setattr(app, _ATTRIBUTE, self)
         install(context)
         signals.connect()
+        task_heartbeats.connect()
         # A worker that loses its broker connection forgets the messages it reserved.
         app.steps["consumer"].add(ForgetReservationsOnReconnect)
         register_sweep_task(context)

@@ -79,8 +79,12 @@ class ProcessRuntime:
         on_beat: Callable[[], None] | None = None,
         queues: str | None = None,
         parent_pid: int | None = None,
+        consumer: Callable[[], dict[str, Any]] | None = None,
     ) -> str:
-        """Make this process a job (once) and start its heartbeat thread; returns the job id."""
+        """Make this process a job (once) and start its heartbeat thread; returns the job id.
+
+        ``consumer`` (a worker's main process) gives the consumer state each beat writes.
+        """
         if self.heartbeat is not None:
             return self.heartbeat.job_id
         now = utcnow()
@@ -98,7 +102,12 @@ class ProcessRuntime:
             **job_markers(self.settings, f"{job_type} {HOSTNAME}:{os.getpid()}"),
         }
         self.heartbeat = HeartbeatThread(
-            self.store, self.health, job, self.settings.heartbeat_interval, on_beat=on_beat
+            self.store,
+            self.health,
+            job,
+            self.settings.heartbeat_interval,
+            on_beat=on_beat,
+            consumer=consumer,
         )
         self.heartbeat.start()
         logger.info("celery-recovery: %s job %s started (pid %s)", job_type, job["id"], job["pid"])

@@ -14,6 +14,7 @@ import click
 
 from celery_recovery.cli.output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
 from celery_recovery.cli.support import CLIError, dead_after, settings_of, store_of
+from celery_recovery.core.consumer import stalled_reason
 from celery_recovery.core.records import ZombieRow
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType, TaskState
@@ -235,7 +236,9 @@ def jobs_view(
     """Workers, beats and triggerers: state, host, pid, heartbeat age and whether alive.
 
     Alive means running with a heartbeat younger than recovery_zombie_threshold
-    (workers) or recovery_health_check_threshold (beat, triggerer).
+    (workers) or recovery_health_check_threshold (beat, triggerer).  CONSUMER is a
+    worker main process's own verdict on its consumer: "consuming", or "stalled: why"
+    (docs/stuck.md).
 
     \b
     Example:
@@ -254,6 +257,7 @@ def jobs_view(
         Column("PID", "pid"),
         Column("HEARTBEAT AGE", "heartbeat_age", seconds_text),
         Column("ALIVE", "alive", yes_no, coloured=True),
+        Column("CONSUMER", "consumer", lambda v: v or ""),
         Column("STARTED", "start_date"),
     ]
     emit(rows, columns, as_json, "no jobs" if include_ended else "no running jobs (try --all)")
@@ -278,7 +282,17 @@ def _job_row(job: dict[str, Any], now: datetime, settings: RecoverySettings) -> 
         "latest_heartbeat": job["latest_heartbeat"],
         "heartbeat_age": age,
         "alive": alive,
+        # A worker main process's consumer: "stalled: why", "consuming", or None.
+        "consumer": _consumer_text(job.get("consumer")) if alive else None,
+        "consumer_state": job.get("consumer"),
     }
+
+
+def _consumer_text(consumer: dict[str, Any] | None) -> str | None:
+    if not consumer:
+        return None
+    reason = stalled_reason(consumer)
+    return f"stalled: {reason}" if reason else "consuming"
 
 
 @inspect.command("tasks")
@@ -294,12 +308,17 @@ def tasks(
 ) -> None:
     """Task tries, most recently changed first, filtered by state and task name.
 
+    LAST BEAT is how long ago a try last called heartbeat(); --json also gives its
+    time and details (docs/stuck.md).
+
     \b
     Example:
       celery-recovery --app proj.celery:app inspect tasks --state failed --task-name shop.charge
     """
+    now = utcnow()
     with store_of(ctx) as (store, _settings):
         found = store.tries.list_tries(state=state, task_name=task_name, limit=limit)
+        beats = store.heartbeats.beats_of((r["task_id"], r["try_number"]) for r in found)
     rows = [
         {
             key: r[key]
@@ -320,6 +339,7 @@ def tasks(
             )
         }
         | {"worker": r["worker_hostname"]}  # Celery's node name, as in `inspect zombies`
+        | _beat_of(beats.get((r["task_id"], r["try_number"])), now)
         for r in found
     ]
     columns = [
@@ -330,9 +350,18 @@ def tasks(
         Column("QUEUE", "queue"),
         Column("WORKER", "worker"),
         Column("UPDATED", "updated_at"),
+        Column("LAST BEAT", "beat_age", seconds_text),
         Column("REASON", "state_reason", lambda v: _clip(v or "-", 60)),
     ]
     emit(rows, columns, as_json, "no tries match")
+
+
+def _beat_of(beat: dict[str, Any] | None, now: datetime) -> dict[str, Any]:
+    """A try's last ``heartbeat()`` (docs/stuck.md): when, how long ago, its details."""
+    if beat is None:
+        return {"last_beat": None, "beat_age": None, "beat_details": None}
+    at = beat["beat_at"]
+    return {"last_beat": at, "beat_age": age_seconds(now, at), "beat_details": beat["details"]}
 
 
 @inspect.command("locks")

@@ -1,7 +1,8 @@
 """``celery-recovery jobs check``: a liveness probe from the jobs' heartbeats.
 
 Exit 0 when a running job of the type (on the host) has a heartbeat younger
-than the threshold, 1 when none does, 2 when the question cannot be answered
+than the threshold, 1 when none does or (workers) when a live worker there
+says its consumer is stalled (docs/stuck.md), 2 when the question cannot be answered
 (bad option, store unreachable).  Always exactly one line, so a probe's log
 says why it failed.
 """
@@ -15,6 +16,7 @@ import click
 
 from celery_recovery.cli.output import age_seconds
 from celery_recovery.cli.support import dead_after, store_of
+from celery_recovery.core.consumer import stalled_reason
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.states import JobType
 from celery_recovery.core.timeutils import utcnow
@@ -60,6 +62,9 @@ def check(
 ) -> None:
     """Exit 0 if a running job of this type has a fresh heartbeat, 1 if not, 2 on error.
 
+    A worker whose consumer is stalled (alive, taking no messages while its queues
+    hold some, or its broker connection down) fails too, with a line "stalled: ...".
+
     Prints one line saying why.  Use it as a Kubernetes liveness probe of a
     worker pod (see docs/cli.md).
 
@@ -79,6 +84,7 @@ def check(
         if threshold is None:
             threshold = dead_after(job_type, settings)
         job = store.jobs.freshest_job(job_type, host)
+        consumers = store.jobs.consumer_jobs(host) if job_type == JobType.WORKER.value else []
     where = f" on {host}" if host else ""
     if job is None:
         click.echo(f"FAIL: no running {job_type} job{where}")
@@ -91,4 +97,12 @@ def check(
             f"threshold {threshold:g}s"
         )
         sys.exit(1)
+    for consumer_job in consumers:
+        reason = stalled_reason(consumer_job.get("consumer"))
+        fresh = (age_seconds(now, consumer_job["latest_heartbeat"]) or 0.0) <= threshold
+        if reason is not None and fresh:
+            node = consumer_job.get("node_name") or consumer_job["hostname"]
+            process = f"job {consumer_job['id']}, pid {consumer_job['pid']}"
+            click.echo(f"FAIL: stalled: {reason}: worker {node} ({process})")
+            sys.exit(1)
     click.echo(f"OK: {facts} heartbeat {age:.1f}s ago; threshold {threshold:g}s")

@@ -44,6 +44,8 @@ class AuditAction(StrEnum):
     CALLBACK_FAILED = "callback_failed"
     #: A callback row given up after too many deliveries that died midway.
     CALLBACK_ABANDONED = "callback_abandoned"
+    #: A worker found its own consumer stalled (alive, not taking messages).
+    STALLED = "stalled"
     #: A beat took the lead of the schedule (the lease's previous holder let it go).
     BEAT_LEAD_TAKEN = "beat_lead_taken"
     #: A beat sent a scheduled run late, after runs no beat sent in time.
@@ -81,6 +83,11 @@ class AuditReason(StrEnum):
     TRIGGER_FAILED = "trigger_failed"
     #: A deferred try's ``defer(timeout=...)`` passed before its trigger fired.
     TRIGGER_TIMEOUT = "trigger_timeout"
+    #: Free slots and ready messages but nothing received, or its broker unreachable,
+    #: for ``recovery_stalled_consumer_timeout``.
+    CONSUMER_STALLED = "consumer_stalled"
+    #: A running try did not call ``heartbeat()`` for its ``recovery_heartbeat_timeout``.
+    HUNG = "hung"
     #: No beat held the schedule's lease (its leader died, paused or stopped).
     BEAT_LEADER_GONE = "beat_leader_gone"
     #: Scheduled runs fell due while no beat led; the entry's catch-up policy decided.

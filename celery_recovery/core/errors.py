@@ -50,3 +50,12 @@ class TriggerFailedError(RecoveryError):
 
 class TriggerTimeoutError(TriggerFailedError):
     """A deferred task waited longer than the ``timeout`` given to ``defer()``."""
+
+
+class HeartbeatDetailsError(RecoveryError, ValueError):
+    """``heartbeat(details)`` was given details that are not JSON, or too large."""
+
+
+class StaleTryError(RecoveryError):
+    """A try beat after it was given up (hung, or its worker taken for dead) and a
+    later try replaced it: it must stop, and its progress belongs to the later try."""

@@ -22,6 +22,7 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, float]] = MappingProxyType(
                 "sweep_interval": 5.0,
                 "queued_timeout": 600.0,
                 "adoption_timeout": 600.0,
+                "stalled_consumer_timeout": 60.0,
             }
         ),
         "kubernetes": MappingProxyType(
@@ -32,6 +33,7 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, float]] = MappingProxyType(
                 "sweep_interval": 2.0,
                 "queued_timeout": 300.0,
                 "adoption_timeout": 300.0,
+                "stalled_consumer_timeout": 30.0,
             }
         ),
         "aggressive": MappingProxyType(
@@ -42,6 +44,7 @@ PRESETS: MappingProxyType[str, MappingProxyType[str, float]] = MappingProxyType(
                 "sweep_interval": 1.0,
                 "queued_timeout": 30.0,
                 "adoption_timeout": 30.0,
+                "stalled_consumer_timeout": 10.0,
             }
         ),
     }

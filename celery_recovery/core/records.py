@@ -142,6 +142,8 @@ class JobRow(TypedDict, total=False):
     process_marker: str | None
     marker_lock: int | None
     marker_missing_since: datetime | None
+    #: A worker main process's consumer state (see celery_recovery.core.consumer).
+    consumer: dict[str, Any] | None
 
 
 class TryRow(TypedDict, total=False):

@@ -37,6 +37,15 @@ DEFAULT_QUEUED_TIMEOUT = 600.0
 #: Seconds an adopted task that the backend reports PENDING may stay unstarted.
 DEFAULT_ADOPTION_TIMEOUT = 600.0
 
+#: Seconds a worker's consumer may go without taking a message while it has free
+#: slots and its queues hold ready ones (or its broker connection is down) before
+#: the worker counts as stalled.
+DEFAULT_STALLED_CONSUMER_TIMEOUT = 60.0
+#: What a stalled worker does besides reporting it.
+DEFAULT_ON_STALLED_CONSUMER = "report"
+#: The values of recovery_on_stalled_consumer.
+ON_STALLED_CONSUMER_ACTIONS = ("report", "exit")
+
 #: Times a lost message is published again before its task is failed.
 DEFAULT_MAX_REPUBLISH = 3
 #: Runs of one try that may end with the death of their process, for a task whose
@@ -206,13 +215,23 @@ def _preset(key: str, value: Any) -> str:
     return str(value)
 
 
+def _one_of(key: str, value: Any, choices: tuple[str, ...], what: str) -> str:
+    """``value`` as one of ``choices`` (any case, spaces around ignored), or an error."""
+    choice = value.strip().lower() if isinstance(value, str) else value
+    if choice not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ConfigurationError(f"{key}={value!r} is not {what}; allowed: {allowed}")
+    return str(choice)
+
+
 def _liveness_markers(key: str, value: Any) -> str:
     """Marker mode: ``auto``, ``process`` or ``off``."""
-    mode = value.strip().lower() if isinstance(value, str) else value
-    if mode not in LIVENESS_MARKER_MODES:
-        allowed = ", ".join(repr(m) for m in LIVENESS_MARKER_MODES)
-        raise ConfigurationError(f"{key}={value!r} is not a marker mode; allowed: {allowed}")
-    return str(mode)
+    return _one_of(key, value, LIVENESS_MARKER_MODES, "a marker mode")
+
+
+def _on_stalled(key: str, value: Any) -> str:
+    """Action: ``report`` or ``exit``."""
+    return _one_of(key, value, ON_STALLED_CONSUMER_ACTIONS, "an action")
 
 
 def _database_url(key: str, value: Any) -> str:
@@ -358,6 +377,28 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "s",
     ),
     SettingSpec(
+        "stalled_consumer_timeout",
+        DEFAULT_STALLED_CONSUMER_TIMEOUT,
+        _duration,
+        "How long a worker may go without receiving a message, while it has free slots and "
+        "its queues hold ready messages (or its broker connection is down or the broker does "
+        "not answer), before it counts as stalled: `jobs check` fails for it, it logs a "
+        "warning, writes an audit row and counts a metric. Its main process asks the broker "
+        "for its queues' ready messages only when idle, four times per timeout. An idle "
+        "worker with empty queues is never stalled. At least "
+        f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals. See docs/stuck.md.",
+        "s",
+    ),
+    SettingSpec(
+        "on_stalled_consumer",
+        DEFAULT_ON_STALLED_CONSUMER,
+        _on_stalled,
+        "What a stalled worker does besides reporting it: `report` (nothing more: the "
+        "liveness probe `jobs check` fails, and the orchestrator restarts it) or `exit` (it "
+        "shuts itself down warm, as on SIGTERM, so that its supervisor starts it again; "
+        "running tasks finish or are recovered as usual).",
+    ),
+    SettingSpec(
         "max_republish",
         DEFAULT_MAX_REPUBLISH,
         _count,
@@ -501,6 +542,8 @@ class RecoverySettings:
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL
     queued_timeout: float = DEFAULT_QUEUED_TIMEOUT
     adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
+    stalled_consumer_timeout: float = DEFAULT_STALLED_CONSUMER_TIMEOUT
+    on_stalled_consumer: str = DEFAULT_ON_STALLED_CONSUMER
     max_republish: int = DEFAULT_MAX_REPUBLISH
     max_lost_runs: int = DEFAULT_MAX_LOST_RUNS
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
@@ -657,6 +700,17 @@ def relation_problems(values: Mapping[str, Any]) -> list[tuple[str, str]]:
                     "dead",
                 )
             )
+    stalled = values.get("stalled_consumer_timeout")
+    if stalled is not None and stalled < floor:
+        found.append(
+            (
+                PREFIX + "stalled_consumer_timeout",
+                f"{PREFIX}stalled_consumer_timeout={stalled:g}s is shorter than "
+                f"{MIN_HEARTBEATS_PER_THRESHOLD} heartbeat intervals ({PREFIX}heartbeat_interval="
+                f"{heartbeat:g}s, so at least {floor:g}s): a worker samples its consumer once an "
+                "interval and needs several samples to judge it",
+            )
+        )
     sweep = values["sweep_interval"]
     for name, what in (
         ("zombie_threshold", "zombies"),

@@ -9,6 +9,7 @@ from celery_recovery.metrics.beat import beat_lead, beat_runs
 from celery_recovery.metrics.definitions import PREFIX
 from celery_recovery.metrics.record import (
     callback_outcome,
+    consumer_stalled,
     dead_job,
     dropped_writes,
     lease_lost,
@@ -42,6 +43,7 @@ __all__ = [
     "beat_runs",
     "blocked_loop",
     "callback_outcome",
+    "consumer_stalled",
     "dead_job",
     "dropped_writes",
     "lease_lost",

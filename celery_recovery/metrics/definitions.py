@@ -141,6 +141,20 @@ LEASES_LOST = Counter(
     "pause; a newer attempt may hold the key).",
 )
 
+# -- worker consumers --------------------------------------------------------------
+
+STALLED_CONSUMERS = Counter(
+    PREFIX + "stalled_consumers_total",
+    "Times a worker found its consumer stalled: free slots and ready messages in its "
+    "queues but nothing received, or its broker connection down or not answering, for "
+    "recovery_stalled_consumer_timeout.",
+)
+CONSUMERS_STALLED = Gauge(
+    PREFIX + "consumers_stalled",
+    "Workers whose consumer is stalled now (1 per stalled worker main process).",
+    multiprocess_mode="livesum",
+)
+
 # -- triggerer ------------------------------------------------------------------
 
 TRIGGERS_RUNNING = Gauge(

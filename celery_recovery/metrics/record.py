@@ -102,3 +102,11 @@ def lock_acquisition(outcome: str) -> None:
 @quietly
 def lease_lost() -> None:
     m.LEASES_LOST.inc()
+
+
+@quietly
+def consumer_stalled(stalled: bool) -> None:
+    """A worker's consumer became stalled (``True``) or consumes again (``False``)."""
+    if stalled:
+        m.STALLED_CONSUMERS.inc()
+    m.CONSUMERS_STALLED.set(1 if stalled else 0)

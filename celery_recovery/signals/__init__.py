@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 
+from celery_recovery import stalls
 from celery_recovery.signals import control, doctor, processes, publish, reservations, tasks
 from celery_recovery.signals.dispatch import PER_TASK_SIGNALS, cache_receivers
 
@@ -28,6 +29,7 @@ def connect() -> None:
         control.connect()
         reservations.connect()
         doctor.connect()
+        stalls.connect()
         for signal in PER_TASK_SIGNALS:
             cache_receivers(signal)
         _connected = True

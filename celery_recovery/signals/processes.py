@@ -13,6 +13,7 @@ beating.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from celery import current_app
@@ -33,6 +34,7 @@ from celery_recovery.liveness.job import start_lock_marker
 from celery_recovery.liveness.postgres import stop_holder
 from celery_recovery.signals.guard import never_raises
 from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
+from celery_recovery.stalls import start_watch, stop_watch
 
 
 def _current() -> RecoveryContext | None:
@@ -90,20 +92,23 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     in_children = _runs_tasks_in_children(pool)
     metrics.serve_for_worker(context.settings, in_children)
     node_name = getattr(sender, "hostname", None)
+    # The main process takes the messages: its heartbeat carries its consumer's state.
+    consumer = start_watch(context, sender).snapshot
     if in_children:
         # Only reserves messages (and writes when a pool process dies): the pool
         # children beat (and sweep when beat is down).  Starting the job also
         # connects to the store now, not when the first write is due.
         context.runtime.writer.flush_interval = MAIN_PROCESS_FLUSH_INTERVAL
-        context.runtime.start_job(JobType.WORKER, node_name=node_name)
+        context.runtime.start_job(JobType.WORKER, node_name=node_name, consumer=consumer)
     else:
-        _start_worker_job(context, node_name)
+        _start_worker_job(context, node_name, consumer=consumer)
 
 
 @never_raises
 def on_worker_shutdown(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     context = context_for_app(app) if app is not None else _current()
+    stop_watch()
     if context is not None and context.runtime.job_id is not None:
         context.runtime.stop_job(JobState.SUCCESS)
     stop_holder()
@@ -118,7 +123,10 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
 
 
 def _start_worker_job(
-    context: RecoveryContext, node_name: str | None, parent_pid: int | None = None
+    context: RecoveryContext,
+    node_name: str | None,
+    parent_pid: int | None = None,
+    consumer: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
     duty = context.worker_beat_duty
     holder = f"{node_name}:{os.getpid()}"
@@ -127,6 +135,7 @@ def _start_worker_job(
         node_name=node_name,
         on_beat=duty(holder) if duty else None,
         parent_pid=parent_pid,
+        consumer=consumer,
     )
 
 

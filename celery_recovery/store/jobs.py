@@ -31,12 +31,19 @@ class JobRepository(Repository):
         with self.transaction() as conn:
             conn.execute(stmt)
 
-    def heartbeat(self, job_id: str, now: datetime) -> bool:
-        """Refresh a running job's heartbeat; False when the job is missing or ended."""
+    def heartbeat(
+        self, job_id: str, now: datetime, consumer: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Refresh a running job's heartbeat, and with ``consumer`` its consumer state
+        (a worker's main process), in the same statement; False when the job is
+        missing or ended."""
+        values: dict[str, Any] = {"latest_heartbeat": now}
+        if consumer is not None:
+            values["consumer"] = dict(consumer)
         stmt = (
             update(jobs)
             .where(jobs.c.id == job_id, jobs.c.state == JobState.RUNNING)
-            .values(latest_heartbeat=now)
+            .values(**values)
         )
         with self.single_statement() as conn:
             return conn.execute(stmt).rowcount == 1
@@ -125,6 +132,20 @@ class JobRepository(Repository):
             stmt = stmt.where(jobs.c.state == JobState.RUNNING.value)
         running_first = (jobs.c.state == JobState.RUNNING.value).desc()
         stmt = stmt.order_by(running_first, jobs.c.latest_heartbeat.desc()).limit(limit)
+        with self.transaction() as conn:
+            return rows_of(conn.execute(stmt))
+
+    def consumer_jobs(self, hostname: str | None = None) -> list[JobRow]:
+        """Running worker jobs that record a consumer (worker main processes), on
+        ``hostname`` (host name or Celery node name) when given; freshest first."""
+        stmt = select(jobs).where(
+            jobs.c.job_type == JobType.WORKER.value,
+            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.consumer.is_not(None),
+        )
+        if hostname is not None:
+            stmt = stmt.where(or_(jobs.c.hostname == hostname, jobs.c.node_name == hostname))
+        stmt = stmt.order_by(jobs.c.latest_heartbeat.desc())
         with self.transaction() as conn:
             return rows_of(conn.execute(stmt))
 

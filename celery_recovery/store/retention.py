@@ -26,6 +26,7 @@ from celery_recovery.store.schema import (
     reservations,
     revocations,
     same_try,
+    task_heartbeats,
     task_records,
     triggers,
 )
@@ -40,6 +41,7 @@ RETENTION_TABLES = (
     "revocations",
     "claims",
     "audit_log",
+    "task_heartbeats",
 )
 
 #: Try states that are still in flight and so never deleted.
@@ -96,6 +98,14 @@ def _expired(
     if name == "audit_log":
         # Decisions are history only: nothing refers to them.
         return audit_log, (audit_log.c.id,), (audit_log.c.at < cutoff,)
+    if name == "task_heartbeats":
+        # A later try of the task resumes from them: kept while any try of it is active.
+        task_active = exists().where(
+            task_records.c.task_id == task_heartbeats.c.task_id,
+            task_records.c.state.in_([s.value for s in ACTIVE_TASK_STATES]),
+        )
+        keys = (task_heartbeats.c.task_id, task_heartbeats.c.try_number)
+        return task_heartbeats, keys, (task_heartbeats.c.beat_at < cutoff, ~task_active)
     raise ValueError(f"unknown retention table {name!r}; known: {', '.join(RETENTION_TABLES)}")
 
 

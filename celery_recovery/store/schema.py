@@ -162,6 +162,11 @@ jobs = Table(
         UTCDateTime,
         comment="When a sweep first saw the advisory lock missing",
     ),
+    Column(
+        "consumer",
+        Json,
+        comment="A worker main process's broker consumer state (JSON), with its heartbeat",
+    ),
     Index(
         "ix_jobs_live",
         "job_type",
@@ -353,6 +358,15 @@ revocations = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Index("ix_revocations_task_id", "task_id"),
     Index("ix_revocations_created_at", "created_at"),
+)
+
+task_heartbeats = Table(
+    "task_heartbeats",
+    metadata,
+    Column("task_id", String(255), primary_key=True),
+    Column("try_number", Integer, primary_key=True),
+    Column("beat_at", UTCDateTime, nullable=False, comment="The try's last heartbeat()"),
+    Column("details", MessageJSON, comment="The last details it gave heartbeat() (JSON)"),
 )
 
 beat_entries = Table(

@@ -19,6 +19,7 @@ from celery_recovery.store.beat import BeatRepository
 from celery_recovery.store.checkins import CheckinRepository
 from celery_recovery.store.claims import ClaimRepository
 from celery_recovery.store.database import Database
+from celery_recovery.store.heartbeats import TaskHeartbeatRepository
 from celery_recovery.store.jobs import JobRepository
 from celery_recovery.store.leases import LeaseRepository
 from celery_recovery.store.liveness import LivenessRepository
@@ -46,6 +47,7 @@ class Store:
         self.claims = ClaimRepository(self.db)
         self.checkins = CheckinRepository(self.db)
         self.retention = RetentionRepository(self.db)
+        self.heartbeats = TaskHeartbeatRepository(self.db)
         self.beat = BeatRepository(self.db)
 
     def __repr__(self) -> str:

@@ -78,17 +78,26 @@ def reset(
     count_retries: bool = True,
     dead_job_id: str | None = None,
     publish_count: int = 1,
+    cause: AuditReason | None = None,
+    retry_limit: int | None = None,
 ) -> str:
-    """Retry or fail one try; returns a :class:`SweepOutcome`: republished, failed or lost race."""
+    """Retry or fail one try; returns a :class:`SweepOutcome`: republished, failed or lost race.
+
+    ``cause`` names the audit reason when the try's state does not tell it (a hung try);
+    ``retry_limit`` bounds the retries of a task whose ``max_retries`` is None.
+    """
     try_number = int(record["try_number"])
     max_retries = max_retries_of(ctx, record["task_name"])
+    bound = f"max_retries ({max_retries})"
+    if max_retries is None and retry_limit is not None:
+        max_retries, bound = retry_limit, f"the poison bound ({retry_limit} retries)"
     if unreadable(*(record.get(c) for c in _PAYLOAD_COLUMNS)):
         new_state = TaskState.FAILED
         reason = f"{why}; its stored message is not valid JSON, so it is not published again"
     elif not record.get("republishable", True):
         new_state, reason = TaskState.FAILED, f"{why}; {record.get('republish_error')}"
     elif count_retries and max_retries is not None and try_number > max_retries:
-        new_state, reason = TaskState.FAILED, f"{why}; max_retries ({max_retries}) exceeded"
+        new_state, reason = TaskState.FAILED, f"{why}; {bound} exceeded"
     elif publish_count > ctx.settings.max_republish + 1:
         new_state = TaskState.FAILED
         reason = f"{why}; published {publish_count - 1} times, never started"
@@ -117,7 +126,9 @@ def reset(
         next_record=next_record,
         callback=_callback_row(ctx, record, new_state, reason),
         dead_job_id=dead_job_id,
-        audit=ctx.decision(_ACTION[new_state], _cause(expected_state, record), record, reason),
+        audit=ctx.decision(
+            _ACTION[new_state], cause or _cause(expected_state, record), record, reason
+        ),
     )
     won, inserted = ctx.store.tries.apply_reset(plan, ctx.now)
     if not won:

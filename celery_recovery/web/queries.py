@@ -16,7 +16,14 @@ from typing import Any
 from sqlalchemy import select, tuple_
 
 from celery_recovery.core.settings import RecoverySettings
-from celery_recovery.store.schema import audit_log, callbacks, jobs, task_records, triggers
+from celery_recovery.store.schema import (
+    audit_log,
+    callbacks,
+    jobs,
+    task_heartbeats,
+    task_records,
+    triggers,
+)
 from celery_recovery.web.overview import OverviewQueries
 from celery_recovery.web.readonly import ReadOnlyStore, fetch_rows
 
@@ -138,6 +145,7 @@ class ConsoleQueries(OverviewQueries):
             trigger_rows = fetch_rows(conn, of_task(triggers).order_by(triggers.c.id))
             decisions = fetch_rows(conn, of_task(audit_log).order_by(audit_log.c.id))
             outbox = fetch_rows(conn, of_task(callbacks).order_by(callbacks.c.id))
+            beats = {b["try_number"]: b for b in fetch_rows(conn, of_task(task_heartbeats))}
         for record in tries:
             self._hide_arguments(record)
             record["process"] = processes.get(record["job_id"])
@@ -146,6 +154,7 @@ class ConsoleQueries(OverviewQueries):
                 self._trigger(t) for t in trigger_rows if t["try_number"] == number
             ]
             record["decisions"] = [d for d in decisions if d["try_number"] == number]
+            record["heartbeat"] = self._heartbeat(beats.get(number))
         return {
             "task_id": task_id,
             "task_name": tries[-1]["task_name"],
@@ -239,6 +248,15 @@ class ConsoleQueries(OverviewQueries):
             for column in ARGUMENT_COLUMNS:
                 if record.get(column) is not None:
                     record[column] = HIDDEN
+
+    def _heartbeat(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A try's last ``heartbeat()``; its details are the task's data, hidden like
+        its arguments."""
+        if row is None:
+            return None
+        details = row["details"]
+        hidden = not self.show_args and details is not None
+        return {"beat_at": row["beat_at"], "details": HIDDEN if hidden else details}
 
     def _trigger(self, row: dict[str, Any]) -> dict[str, Any]:
         kwargs = row["kwargs"] if isinstance(row.get("kwargs"), dict) else {}

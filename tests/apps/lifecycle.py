@@ -9,6 +9,7 @@ publishing app with :func:`create_app` so each test has its own store and queue.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -26,6 +27,8 @@ from celery_recovery import (
     TimeDeltaTrigger,
     current_fencing_token,
     defer,
+    heartbeat,
+    heartbeat_details,
     recoverable,
 )
 from tests.apps import canvas_tasks, triggers
@@ -430,6 +433,53 @@ def _register_tasks(app: Celery) -> None:
     @app.task(shared=False, name="lifecycle.describe", serializer="pickle")
     def describe(value):
         return repr(value)
+
+    def beats_then_hangs(self, ledger, hang=60.0):
+        """Beats twice then hangs on its first try; later tries say where they resumed."""
+        try_number = self.request.retries + 1
+        resumed = heartbeat_details()
+        _append(ledger, f"start try={try_number} resumed={json.dumps(resumed)} pid={os.getpid()}")
+        if try_number == 1:
+            heartbeat({"step": 1})
+            heartbeat({"step": 2})
+            time.sleep(hang)
+        _append(ledger, f"done try={try_number}")
+        return resumed
+
+    for suffix, retries in (("", 2), ("_once", 0)):
+        app.task(
+            shared=False,
+            name=f"lifecycle.beats_then_hangs{suffix}",
+            bind=True,
+            base=LedgerTask,
+            max_retries=retries,
+            recovery_heartbeat_timeout=3,
+        )(beats_then_hangs)
+
+    @app.task(
+        shared=False,
+        name="lifecycle.always_hangs",
+        bind=True,
+        base=LedgerTask,
+        max_retries=None,
+        recovery_heartbeat_timeout=2,
+    )
+    def always_hangs(self, ledger):
+        """A poison task for hangs: every try beats once and hangs."""
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        heartbeat()
+        time.sleep(60)
+
+    @app.task(shared=False, name="lifecycle.steps", bind=True, max_retries=3)
+    def steps(self, ledger, count=20, seconds=0.2):
+        """Twenty steps, each beating its progress; a later try resumes after the last one."""
+        start = (heartbeat_details() or {}).get("done", 0)
+        _append(ledger, f"try={self.request.retries + 1} from={start} pid={os.getpid()}")
+        for step in range(start, count):
+            time.sleep(seconds)
+            _append(ledger, f"step {step} try={self.request.retries + 1}")
+            heartbeat({"done": step + 1})
+        return start
 
     @app.task(shared=False, name="lifecycle.reject_once", bind=True, acks_late=True)
     def reject_once(self):

@@ -125,7 +125,7 @@ def test_the_beat_migration_goes_down_and_up_again(store_url):
     from sqlalchemy import inspect
 
     from celery_recovery.store.engine import create_store_engine
-    from celery_recovery.store.migrate import alembic_config, current_revision
+    from celery_recovery.store.migrate import HEAD_REVISION, alembic_config, current_revision
 
     ready = Store(store_url)
     ready.ensure_ready()
@@ -138,6 +138,6 @@ def test_the_beat_migration_goes_down_and_up_again(store_url):
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "head")
         assert inspect(engine).has_table("beat_entries")
-        assert current_revision(engine) == "0013"
+        assert current_revision(engine) == HEAD_REVISION
     finally:
         engine.dispose()

@@ -228,6 +228,7 @@ def test_beat_task_runs_the_same_retention(store, history):
         "revocations": 2,
         "claims": 0,
         "audit_log": 2,
+        "task_heartbeats": 0,
     }
     assert history["keep"] <= ids(store, task_records, task_records.c.task_id) | ids(
         store, jobs, jobs.c.id

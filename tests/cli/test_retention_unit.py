@@ -57,6 +57,7 @@ def test_tables_default_to_all_in_purge_order_and_unknown_ones_are_named():
         "revocations",
         "claims",
         "audit_log",
+        "task_heartbeats",
     )
     assert check_tables(["jobs", "callbacks"]) == ("callbacks", "jobs")
     with pytest.raises(ConfigurationError, match="unknown table leases"):
