@@ -15,6 +15,7 @@ import click
 from celery_recovery.cli.output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
 from celery_recovery.cli.support import CLIError, dead_after, settings_of, store_of
 from celery_recovery.core.consumer import stalled_reason
+from celery_recovery.core.overdue import OverduePolicy
 from celery_recovery.core.records import ZombieRow
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType, TaskState
@@ -32,7 +33,7 @@ limit_option = click.option(
 
 @click.group()
 def inspect() -> None:
-    """Show zombies, orphaned triggers, deferred tasks, jobs, tries, held locks and schedules.
+    """Show zombies, orphaned triggers, deferred and overdue tasks, jobs, tries, locks, schedules.
 
     \b
     Example:
@@ -220,6 +221,53 @@ def deferred(ctx: click.Context, as_json: bool, limit: int) -> None:
         Column("TIMEOUT", "timeout_at"),
     ]
     emit(rows, columns, as_json, "no deferred tries")
+
+
+@inspect.command("overdue")
+@json_option
+@limit_option
+@click.pass_context
+def overdue(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Running tries far past their task's usual duration: possibly hung.
+
+    A try is overdue once it has run recovery_overdue_factor times the 95th
+    percentile of its task's last 200 successful runs (USUAL), and at least
+    recovery_overdue_min_seconds; a task with fewer than recovery_overdue_min_runs
+    successful runs is never judged.  Nothing is done to an overdue try.  LAST BEAT
+    is how long ago it called heartbeat(), for tasks that do (docs/stuck.md).
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect overdue
+    """
+    now = utcnow()
+    with store_of(ctx) as (store, settings):
+        found = store.overdue.find(now, OverduePolicy.of(settings), limit)
+    keys = ("task_id", "try_number", "task_name", "queue", "job_id", "worker_pid", "started_at")
+    rows = [
+        {key: r[key] for key in keys}
+        | {"worker": r["worker_hostname"], "age": r["age"], "bound": r["bound"]}
+        | {"usual": r["usual"], "runs": r["runs"], "last_beat": r["last_beat"]}
+        | {"beat_age": age_seconds(now, r["last_beat"])}
+        for r in found
+    ]
+    columns = [
+        Column("TASK ID", "task_id"),
+        Column("TRY", "try_number"),
+        Column("TASK", "task_name"),
+        Column("WORKER", "worker"),
+        Column("RUNNING FOR", "age", seconds_text),
+        Column("OVERDUE AFTER", "bound", seconds_text),
+        Column("USUAL", "usual", seconds_text),
+        Column("LAST BEAT", "beat_age", seconds_text),
+    ]
+    emit(
+        rows,
+        columns,
+        as_json,
+        f"no overdue tries: none has run {settings.overdue_factor:g} times its task's usual "
+        f"duration (and {settings.overdue_min_seconds:g}s)",
+    )
 
 
 @inspect.command("jobs")
