@@ -357,16 +357,21 @@ def tasks(
     """Task tries, most recently changed first, filtered by state and task name.
 
     LAST BEAT is how long ago a try last called heartbeat(); --json also gives its
-    time and details (docs/stuck.md).
+    time and details (docs/stuck.md).  OVERDUE marks a running try far past its
+    task's usual duration (see `inspect overdue`).
 
     \b
     Example:
       celery-recovery --app proj.celery:app inspect tasks --state failed --task-name shop.charge
     """
     now = utcnow()
-    with store_of(ctx) as (store, _settings):
+    with store_of(ctx) as (store, settings):
         found = store.tries.list_tries(state=state, task_name=task_name, limit=limit)
         beats = store.heartbeats.beats_of((r["task_id"], r["try_number"]) for r in found)
+        overdue: set[tuple[str, int]] = set()
+        if any(r["state"] == TaskState.RUNNING for r in found):
+            policy = OverduePolicy.of(settings)
+            overdue = {(r["task_id"], r["try_number"]) for r in store.overdue.find(now, policy)}
     rows = [
         {
             key: r[key]
@@ -388,6 +393,7 @@ def tasks(
         }
         | {"worker": r["worker_hostname"]}  # Celery's node name, as in `inspect zombies`
         | _beat_of(beats.get((r["task_id"], r["try_number"])), now)
+        | {"overdue": (r["task_id"], r["try_number"]) in overdue}
         for r in found
     ]
     columns = [
@@ -399,6 +405,7 @@ def tasks(
         Column("WORKER", "worker"),
         Column("UPDATED", "updated_at"),
         Column("LAST BEAT", "beat_age", seconds_text),
+        Column("OVERDUE", "overdue", lambda v: "overdue" if v else "-"),
         Column("REASON", "state_reason", lambda v: _clip(v or "-", 60)),
     ]
     emit(rows, columns, as_json, "no tries match")

@@ -251,6 +251,13 @@ def test_overdue_lists_running_tries_far_past_their_task_usual_duration(store):
     table = ANSI.sub("", run(store.url, "inspect", "overdue").output)
     assert "OVERDUE AFTER" in table.splitlines()[0]
     assert late in table and "300.0s" in table
+    # ... and `inspect tasks` marks it
+    tries = {r["task_id"]: r["overdue"] for r in run_json(store.url, "inspect", "tasks")}
+    assert tries.pop(late) is True and set(tries.values()) == {False}
+    lines = ANSI.sub("", run(store.url, "inspect", "tasks").output).splitlines()
+    assert [line for line in lines if " overdue " in line] == [
+        line for line in lines if line.startswith(late)
+    ]
 
 
 def test_overdue_is_empty_for_a_task_with_too_little_history(store):
