@@ -15,6 +15,7 @@ import click
 from celery_recovery.cli.output import ROW_COUNT, Column, age_seconds, emit, seconds_text, yes_no
 from celery_recovery.cli.support import CLIError, dead_after, settings_of, store_of
 from celery_recovery.core.consumer import stalled_reason
+from celery_recovery.core.overdue import OverduePolicy
 from celery_recovery.core.records import ZombieRow
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType, TaskState
@@ -32,7 +33,7 @@ limit_option = click.option(
 
 @click.group()
 def inspect() -> None:
-    """Show zombies, orphaned triggers, deferred tasks, jobs, tries, held locks and schedules.
+    """Show zombies, orphaned triggers, deferred and overdue tasks, jobs, tries, locks, schedules.
 
     \b
     Example:
@@ -222,6 +223,53 @@ def deferred(ctx: click.Context, as_json: bool, limit: int) -> None:
     emit(rows, columns, as_json, "no deferred tries")
 
 
+@inspect.command("overdue")
+@json_option
+@limit_option
+@click.pass_context
+def overdue(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Running tries far past their task's usual duration: possibly hung.
+
+    A try is overdue once it has run recovery_overdue_factor times the 95th
+    percentile of its task's last 200 successful runs (USUAL), and at least
+    recovery_overdue_min_seconds; a task with fewer than recovery_overdue_min_runs
+    successful runs is never judged.  Nothing is done to an overdue try.  LAST BEAT
+    is how long ago it called heartbeat(), for tasks that do (docs/stuck.md).
+
+    \b
+    Example:
+      celery-recovery --app proj.celery:app inspect overdue
+    """
+    now = utcnow()
+    with store_of(ctx) as (store, settings):
+        found = store.overdue.find(now, OverduePolicy.of(settings), limit)
+    keys = ("task_id", "try_number", "task_name", "queue", "job_id", "worker_pid", "started_at")
+    rows = [
+        {key: r[key] for key in keys}
+        | {"worker": r["worker_hostname"], "age": r["age"], "bound": r["bound"]}
+        | {"usual": r["usual"], "runs": r["runs"], "last_beat": r["last_beat"]}
+        | {"beat_age": age_seconds(now, r["last_beat"])}
+        for r in found
+    ]
+    columns = [
+        Column("TASK ID", "task_id"),
+        Column("TRY", "try_number"),
+        Column("TASK", "task_name"),
+        Column("WORKER", "worker"),
+        Column("RUNNING FOR", "age", seconds_text),
+        Column("OVERDUE AFTER", "bound", seconds_text),
+        Column("USUAL", "usual", seconds_text),
+        Column("LAST BEAT", "beat_age", seconds_text),
+    ]
+    emit(
+        rows,
+        columns,
+        as_json,
+        f"no overdue tries: none has run {settings.overdue_factor:g} times its task's usual "
+        f"duration (and {settings.overdue_min_seconds:g}s)",
+    )
+
+
 @inspect.command("jobs")
 @click.option(
     "--job-type", type=click.Choice([t.value for t in JobType]), help="Only jobs of this type."
@@ -309,16 +357,21 @@ def tasks(
     """Task tries, most recently changed first, filtered by state and task name.
 
     LAST BEAT is how long ago a try last called heartbeat(); --json also gives its
-    time and details (docs/stuck.md).
+    time and details (docs/stuck.md).  OVERDUE marks a running try far past its
+    task's usual duration (see `inspect overdue`).
 
     \b
     Example:
       celery-recovery --app proj.celery:app inspect tasks --state failed --task-name shop.charge
     """
     now = utcnow()
-    with store_of(ctx) as (store, _settings):
+    with store_of(ctx) as (store, settings):
         found = store.tries.list_tries(state=state, task_name=task_name, limit=limit)
         beats = store.heartbeats.beats_of((r["task_id"], r["try_number"]) for r in found)
+        overdue: set[tuple[str, int]] = set()
+        if any(r["state"] == TaskState.RUNNING for r in found):
+            policy = OverduePolicy.of(settings)
+            overdue = {(r["task_id"], r["try_number"]) for r in store.overdue.find(now, policy)}
     rows = [
         {
             key: r[key]
@@ -340,6 +393,7 @@ def tasks(
         }
         | {"worker": r["worker_hostname"]}  # Celery's node name, as in `inspect zombies`
         | _beat_of(beats.get((r["task_id"], r["try_number"])), now)
+        | {"overdue": (r["task_id"], r["try_number"]) in overdue}
         for r in found
     ]
     columns = [
@@ -351,6 +405,7 @@ def tasks(
         Column("WORKER", "worker"),
         Column("UPDATED", "updated_at"),
         Column("LAST BEAT", "beat_age", seconds_text),
+        Column("OVERDUE", "overdue", lambda v: "overdue" if v else "-"),
         Column("REASON", "state_reason", lambda v: _clip(v or "-", 60)),
     ]
     emit(rows, columns, as_json, "no tries match")

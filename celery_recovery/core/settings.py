@@ -46,6 +46,13 @@ DEFAULT_ON_STALLED_CONSUMER = "report"
 #: The values of recovery_on_stalled_consumer.
 ON_STALLED_CONSUMER_ACTIONS = ("report", "exit")
 
+#: How many times its task's usual duration a running try may take before it is overdue.
+DEFAULT_OVERDUE_FACTOR = 3.0
+#: Successful runs a task needs on record before any of its tries can be overdue.
+DEFAULT_OVERDUE_MIN_RUNS = 20
+#: Seconds a try runs, at least, before it can be overdue, however quick its task usually is.
+DEFAULT_OVERDUE_MIN_SECONDS = 60.0
+
 #: Times a lost message is published again before its task is failed.
 DEFAULT_MAX_REPUBLISH = 3
 #: Runs of one try that may end with the death of their process, for a task whose
@@ -119,6 +126,21 @@ def _positive_count(key: str, value: Any) -> int:
     if result < 1:
         raise ConfigurationError(f"{key}={value!r} must be a whole number >= 1")
     return result
+
+
+def _factor(key: str, value: Any) -> float:
+    """Factor: a finite number of at least 1 (a numeric string in the environment)."""
+    problem = f"{key}={value!r} must be a number of at least 1, e.g. 3"
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ConfigurationError(problem) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(problem)
+    if not (value >= 1 and value != float("inf")):
+        raise ConfigurationError(problem)
+    return float(value)
 
 
 def _module_prefixes(key: str, value: Any) -> tuple[str, ...] | None:
@@ -399,6 +421,31 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "running tasks finish or are recovered as usual).",
     ),
     SettingSpec(
+        "overdue_factor",
+        DEFAULT_OVERDUE_FACTOR,
+        _factor,
+        "A running try is overdue once it has run this many times its task's usual "
+        "duration (the 95th percentile of the task's last 200 successful runs), and at "
+        "least `recovery_overdue_min_seconds`. Overdue tries are only shown (`inspect "
+        "overdue`, the console, the `celery_recovery_overdue_tries` gauge), never acted on: "
+        "they make a hang visible in a task without `recovery_heartbeat_timeout`. See "
+        "docs/stuck.md.",
+    ),
+    SettingSpec(
+        "overdue_min_runs",
+        DEFAULT_OVERDUE_MIN_RUNS,
+        _positive_count,
+        "Successful runs of a task the store must hold before any of its tries can be "
+        "overdue: with fewer, its usual duration is unknown.",
+    ),
+    SettingSpec(
+        "overdue_min_seconds",
+        DEFAULT_OVERDUE_MIN_SECONDS,
+        _duration,
+        "Shortest run after which a try can be overdue, however quick its task usually is.",
+        "s",
+    ),
+    SettingSpec(
         "max_republish",
         DEFAULT_MAX_REPUBLISH,
         _count,
@@ -544,6 +591,9 @@ class RecoverySettings:
     adoption_timeout: float = DEFAULT_ADOPTION_TIMEOUT
     stalled_consumer_timeout: float = DEFAULT_STALLED_CONSUMER_TIMEOUT
     on_stalled_consumer: str = DEFAULT_ON_STALLED_CONSUMER
+    overdue_factor: float = DEFAULT_OVERDUE_FACTOR
+    overdue_min_runs: int = DEFAULT_OVERDUE_MIN_RUNS
+    overdue_min_seconds: float = DEFAULT_OVERDUE_MIN_SECONDS
     max_republish: int = DEFAULT_MAX_REPUBLISH
     max_lost_runs: int = DEFAULT_MAX_LOST_RUNS
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT

@@ -111,6 +111,13 @@ HEARTBEAT_AGE = Gauge(
     ["job_type"],
     multiprocess_mode="mostrecent",
 )
+OVERDUE_TRIES = Gauge(
+    PREFIX + "overdue_tries",
+    "Running tries far past their task's usual duration (recovery_overdue_factor times "
+    "the 95th percentile of its recent successful runs), as the last sweep counted them. "
+    "Nothing is done to them: above 0, look at `celery-recovery inspect overdue`.",
+    multiprocess_mode="mostrecent",
+)
 JOBS_RUNNING = Gauge(
     PREFIX + "jobs_running",
     "Jobs of each type in state running, as the last sweep counted them (0 beats: beat is down).",

@@ -1,4 +1,5 @@
-"""Gauges read from the store once per sweep pass: live jobs, heartbeat ages, pending callbacks.
+"""Gauges read from the store once per sweep pass: live jobs, heartbeat ages, pending
+callbacks, overdue tries.
 
 Computed at sweep time rather than at scrape time so that any process that
 sweeps (a ``sweep --loop``, a worker running beat's sweep task or the
@@ -10,17 +11,31 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from celery_recovery.core.overdue import OverduePolicy
 from celery_recovery.metrics import definitions as m
 from celery_recovery.metrics.record import quietly
 
 if TYPE_CHECKING:
+    from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.store import Store
 
+#: Overdue tries counted at most (the gauge saturates there; inspect lists them).
+MAX_OVERDUE_COUNTED = 1000
 
-def refresh_gauges(store: Store, now: datetime) -> None:
-    """Query the store and set the gauges; raises StoreError (the sweep isolates it)."""
+
+def refresh_gauges(store: Store, now: datetime, settings: RecoverySettings | None = None) -> None:
+    """Query the store and set the gauges; raises StoreError (the sweep isolates it).
+    The overdue gauge needs ``settings`` (its policy); without them it is left alone."""
     running, pending = store.jobs.gauge_snapshot()
     _set(running, pending, now)
+    if settings is not None:
+        found = store.overdue.find(now, OverduePolicy.of(settings), MAX_OVERDUE_COUNTED)
+        _set_overdue(len(found))
+
+
+@quietly
+def _set_overdue(count: int) -> None:
+    m.OVERDUE_TRIES.set(count)
 
 
 @quietly

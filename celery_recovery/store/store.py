@@ -3,7 +3,7 @@
 ``store.jobs``, ``store.tries``, ``store.triggers``, ``store.outbox`` and
 ``store.leases`` are the main repositories; the smaller ones each keep one
 table (reservations, revocations, publish-once claims, check-ins, liveness
-markers of jobs, retention, beat schedules).  Every repository method is one short
+markers of jobs, retention, beat schedules, overdue tries).  Every repository method is one short
 transaction of its own; no caller code runs while one is open.
 """
 
@@ -24,6 +24,7 @@ from celery_recovery.store.jobs import JobRepository
 from celery_recovery.store.leases import LeaseRepository
 from celery_recovery.store.liveness import LivenessRepository
 from celery_recovery.store.outbox import OutboxRepository
+from celery_recovery.store.overdue import OverdueReads
 from celery_recovery.store.reservations import ReservationRepository
 from celery_recovery.store.retention import RetentionRepository
 from celery_recovery.store.revocations import RevocationRepository
@@ -49,6 +50,7 @@ class Store:
         self.retention = RetentionRepository(self.db)
         self.heartbeats = TaskHeartbeatRepository(self.db)
         self.beat = BeatRepository(self.db)
+        self.overdue = OverdueReads(self.db)
 
     def __repr__(self) -> str:
         return f"<Store {mask_url(self.url)}>"

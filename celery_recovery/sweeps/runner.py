@@ -65,7 +65,7 @@ def run_sweep(context: RecoveryContext, now: datetime | None = None) -> SweepRep
     with ctx.isolated("recording the sweep's completion"):
         context.store.checkins.mark_completed(SWEEP_COMPLETION, context.clock(), report.as_dict())
     with ctx.isolated("reading the gauges of metrics"):
-        metrics.refresh_gauges(context.store, ctx.now)
+        metrics.refresh_gauges(context.store, ctx.now, context.settings)
     report.duration = time.perf_counter() - started
     metrics.sweep_finished(report)
     found = report.zombies + report.reserved + report.lost_messages + report.dead_jobs

@@ -147,7 +147,9 @@ def secured(app: Starlette, settings: RecoverySettings, host: str) -> SecurityMi
 
 
 def _overview(console: Console) -> dict[str, Any]:
-    data = console.queries.overview(utcnow())
+    now = utcnow()
+    data = console.queries.overview(now)
+    data["overdue"] = console.queries.overdue(now)
     bars, peak = chart.bars(data["recoveries_per_hour"])
     data["chart"] = {"bars": [b.__dict__ for b in bars], "peak": peak}
     data["chart"].update(width=chart.WIDTH, height=chart.HEIGHT, axis=chart.AXIS)

@@ -1,4 +1,5 @@
-"""The overview page: live jobs against their thresholds, sweeps, counts, recoveries per hour.
+"""The overview page: live jobs against their thresholds, sweeps, counts, recoveries per hour,
+overdue tries.
 
 A handful of aggregate queries, each on an index (or a small table), with the
 per-hour counts grouped by the database: the page costs the same with a
@@ -15,8 +16,10 @@ from typing import Any
 from sqlalchemy import func, select
 
 from celery_recovery.core.audit import RECOVERY_ACTIONS
+from celery_recovery.core.overdue import OverduePolicy
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType, TaskState
+from celery_recovery.store.overdue import find_overdue
 from celery_recovery.store.schema import (
     audit_log,
     callbacks,
@@ -30,6 +33,8 @@ from celery_recovery.web.readonly import ReadOnlyStore, fetch_rows
 
 #: Live jobs listed per type on the overview.
 OVERVIEW_JOBS = 200
+#: Overdue tries listed on the overview, oldest first.
+OVERVIEW_OVERDUE = 50
 #: Name of the sweep's row in ``checkins`` (see sweeps/runner.py).
 SWEEP_COMPLETION = "sweep"
 
@@ -45,6 +50,12 @@ class OverviewQueries:
         if job_type == JobType.WORKER.value:
             return self.settings.zombie_threshold
         return self.settings.health_check_threshold
+
+    def overdue(self, now: datetime) -> list[dict[str, Any]]:
+        """Running tries far past their task's usual duration (docs/stuck.md), as
+        ``inspect overdue`` finds them, on the console's read-only connection."""
+        with self.store.reading() as conn:
+            return find_overdue(conn, now, OverduePolicy.of(self.settings), OVERVIEW_OVERDUE)
 
     def overview(self, now: datetime) -> dict[str, Any]:
         queued_cutoff = now - timedelta(seconds=self.settings.queued_timeout)

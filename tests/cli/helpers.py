@@ -10,6 +10,7 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from celery_recovery.cli import recovery
+from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import Store
 from celery_recovery.store.schema import triggers
@@ -119,3 +120,44 @@ def add_trigger(
                 .returning(triggers.c.id)
             ).scalar_one()
         )
+
+
+def add_history(store: Store, name: str, now: datetime, durations: list[float]) -> None:
+    """Successful tries of task ``name`` that took ``durations`` seconds, ended before ``now``."""
+    records = []
+    for i, seconds in enumerate(durations):
+        ended = now - timedelta(hours=1, seconds=i)
+        records.append(
+            _record(
+                name,
+                TaskState.SUCCESS,
+                queued_at=ended - timedelta(seconds=seconds + 1),
+                started_at=ended - timedelta(seconds=seconds),
+                ended_at=ended,
+            )
+        )
+    store.tries.apply_writes([("queued", r) for r in records])
+
+
+def add_running(store: Store, name: str, started_at: datetime) -> str:
+    record = _record(
+        name, TaskState.RUNNING, queued_at=started_at, started_at=started_at, ended_at=None
+    )
+    store.tries.apply_writes([("queued", record)])
+    return str(record["task_id"])
+
+
+def _record(name: str, state: TaskState, **times: Any) -> dict[str, Any]:
+    return {
+        "task_id": uuid.uuid4().hex,
+        "try_number": 1,
+        "task_name": name,
+        "state": state.value,
+        "queue": "celery",
+        "args": [],
+        "kwargs": {},
+        "worker_hostname": "celery@host-a",
+        "worker_pid": 4242,
+        "updated_at": times["queued_at"],
+        **times,
+    }

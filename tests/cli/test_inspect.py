@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 
 import pytest
 
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.locks.redis_lock import IdempotencyLocks
-from tests.cli.helpers import add_job, add_trigger, add_try, run, run_json
+from tests.cli.helpers import (
+    add_history,
+    add_job,
+    add_running,
+    add_trigger,
+    add_try,
+    run,
+    run_json,
+)
 from tests.services import BROKER_DB
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -220,3 +230,40 @@ def test_inspect_zombies_right_after_a_real_kill(store, start_worker, client_app
         what="the silent try to become a zombie at the threshold",
     )
     assert rows[0]["task_id"] == result.id and worker.owns(rows[0]["worker"])
+
+
+def test_overdue_lists_running_tries_far_past_their_task_usual_duration(store):
+    # Given a task whose runs take 100 s: one try running for 400 s, one for 200 s
+    now = utcnow()
+    add_history(store, "shop.import", now, [100.0] * 20)
+    late = add_running(store, "shop.import", now - timedelta(seconds=400))
+    add_running(store, "shop.import", now - timedelta(seconds=200))
+
+    [row] = run_json(store.url, "inspect", "overdue")
+
+    assert (row["task_id"], row["task_name"], row["worker"]) == (
+        late,
+        "shop.import",
+        "celery@host-a",
+    )
+    assert (row["bound"], row["usual"], row["runs"]) == (300.0, 100.0, 20)
+    assert row["age"] >= 400
+    table = ANSI.sub("", run(store.url, "inspect", "overdue").output)
+    assert "OVERDUE AFTER" in table.splitlines()[0]
+    assert late in table and "300.0s" in table
+    # ... and `inspect tasks` marks it
+    tries = {r["task_id"]: r["overdue"] for r in run_json(store.url, "inspect", "tasks")}
+    assert tries.pop(late) is True and set(tries.values()) == {False}
+    lines = ANSI.sub("", run(store.url, "inspect", "tasks").output).splitlines()
+    assert [line for line in lines if " overdue " in line] == [
+        line for line in lines if line.startswith(late)
+    ]
+
+
+def test_overdue_is_empty_for_a_task_with_too_little_history(store):
+    now = utcnow()
+    add_history(store, "shop.import", now, [1.0] * 5)
+    add_running(store, "shop.import", now - timedelta(hours=5))
+
+    assert run_json(store.url, "inspect", "overdue") == []
+    assert "no overdue tries" in run(store.url, "inspect", "overdue").output

@@ -19,6 +19,7 @@ from celery_recovery.health import StoreHealth
 from celery_recovery.metrics import definitions
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import callbacks
+from tests.cli.helpers import add_history, add_running
 from tests.metrics.scrape import local
 from tests.sweeps.helpers import make_queued, run_concurrently
 from tests.sweeps.test_races import make_zombie
@@ -109,6 +110,19 @@ def test_gauges_show_live_jobs_stalest_heartbeat_and_pending_callbacks(store, re
     beat_age = local("celery_recovery_heartbeat_age_seconds", job_type="beat")
     assert math.isnan(beat_age)
     assert local("celery_recovery_callbacks_pending") == 1
+
+
+def test_the_overdue_gauge_counts_tries_far_past_their_task_usual_duration(store, recovery):
+    now = utcnow()
+    add_history(store, "shop.import", now, [100.0] * 20)
+    add_running(store, "shop.import", now - timedelta(seconds=400))
+    add_running(store, "shop.import", now - timedelta(seconds=100))
+
+    recovery.sweep(now=now)
+    assert local("celery_recovery_overdue_tries") == 1
+
+    recovery.sweep(now=now - timedelta(seconds=200))
+    assert local("celery_recovery_overdue_tries") == 0
 
 
 def test_unreachable_store_counts_store_and_sweep_errors(make_client_app):

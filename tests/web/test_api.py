@@ -16,7 +16,7 @@ import redis
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.locks.redis_lock import IdempotencyLocks
 from celery_recovery.recovery import recovery_for_app
-from tests.cli.helpers import add_job, add_trigger, add_try
+from tests.cli.helpers import add_history, add_job, add_running, add_trigger, add_try
 from tests.services import BROKER_DB
 from tests.sweeps.test_races import make_zombie
 from tests.web.helpers import console_client
@@ -182,3 +182,15 @@ def test_a_dropped_stale_delivery_is_in_the_audit_log(store, client_app, client)
         ("t1", 1, "stale_delivery")
     ]
     assert rows[0]["detail"] == "superseded by try 2"
+
+
+def test_the_overview_shows_overdue_tries(store, client):
+    now = utcnow()
+    add_history(store, "shop.import", now, [100.0] * 20)
+    late = add_running(store, "shop.import", now - timedelta(seconds=400))
+    add_running(store, "shop.import", now - timedelta(seconds=100))
+
+    [row] = client.get("/api/overview").json()["overdue"]
+    assert (row["task_id"], row["bound"], row["usual"]) == (late, 300.0, 100.0)
+    page = client.get("/").text
+    assert 'id="overdue"' in page and f"/tasks/{late}" in page
