@@ -44,6 +44,8 @@ JOB_TYPES = tuple(t.value for t in JobType)
 #: after runs were missed), ``missed`` (never sent, under the entry's catch-up policy),
 #: ``resent`` (claimed by another leader, sent again) or ``confirmed`` (claimed by
 #: another leader, found sent).
+#: How a beat's lead changed (``beat_lead_changes_total``).
+BEAT_LEAD_CHANGES_KINDS = ("taken", "lost")
 BEAT_RUN_OUTCOMES = ("sent", "late", "missed", "resent", "confirmed")
 #: Outcomes of a trigger, as the triggerer reports them.
 TRIGGER_EVENT_KINDS = ("resumed", "succeeded", "failed", "timed_out", "error")
@@ -216,7 +218,7 @@ def _create_series() -> None:
         LOCK_ACQUISITIONS.labels(outcome)
     for kind in TRIGGER_EVENT_KINDS:
         TRIGGER_EVENTS.labels(kind)
-    for change in ("taken", "lost"):
+    for change in BEAT_LEAD_CHANGES_KINDS:
         BEAT_LEAD_CHANGES.labels(change)
     for outcome in BEAT_RUN_OUTCOMES:
         BEAT_RUNS.labels(outcome)

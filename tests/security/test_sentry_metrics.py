@@ -71,6 +71,8 @@ def test_metric_labels_are_a_fixed_vocabulary_without_secrets(make_client_app, s
         *definitions.LOCK_OUTCOMES,
         *definitions.JOB_TYPES,
         *definitions.TRIGGER_EVENT_KINDS,
+        *definitions.BEAT_LEAD_CHANGES_KINDS,
+        *definitions.BEAT_RUN_OUTCOMES,
     }
     for line in exposition.splitlines():
         if not line.startswith(definitions.PREFIX):

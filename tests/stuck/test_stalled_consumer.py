@@ -41,6 +41,9 @@ def _ledgers(tmp_path: Path, n: int) -> list[Path]:
     return [tmp_path / f"ledger-{i}.txt" for i in range(n)]
 
 
+# The consumer's state and verdict are the worker's; the store only keeps them (its
+# queries are tested on both in tests/cli and tests/web): one store each, for CI's time.
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 def test_a_frozen_broker_connection_fails_the_probe_within_the_bound_and_nothing_is_lost(
     start_proxied_worker, start_worker, broker_proxy, make_client_app, store_url, tmp_path
 ):
@@ -97,6 +100,7 @@ def test_a_frozen_broker_connection_fails_the_probe_within_the_bound_and_nothing
     assert [count(p, "done") for p in ledgers] == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 def test_an_idle_worker_with_empty_queues_keeps_passing_the_probe(start_proxied_worker, store_url):
     # Given an idle worker whose queues are empty (its jobs registered)
     worker = start_proxied_worker(store_url)
