@@ -2,7 +2,8 @@
 
 With ``catch_up="all"`` no scheduled time may be lost either, so the worker's
 ledger must hold every scheduled time of the entry, from its first run to its
-last, exactly once.  About 40 s of faults; the seed is printed.
+last, exactly once.  About 40 s of faults in CI; ``RECOVERY_TEST_BEAT_CHAOS_SECONDS``
+runs it longer (the timeout scales with it); the seed is printed.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from tests.workers import wait_for
 
 pytestmark = pytest.mark.slow
 
-CHAOS_SECONDS = 40.0
+CHAOS_SECONDS = float(os.environ.get("RECOVERY_TEST_BEAT_CHAOS_SECONDS") or 40)
 
 
+@pytest.mark.timeout(CHAOS_SECONDS + 140)
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 def test_every_scheduled_time_runs_once_while_beats_die_and_pause(
     store, start_ha_beat, start_beat_worker, tmp_path

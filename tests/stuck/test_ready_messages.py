@@ -1,4 +1,5 @@
-"""The stall probe's question to the broker, against real Redis and RabbitMQ."""
+"""The stall probe's question to the broker, against real Redis and RabbitMQ, and SQS
+(moto's server on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import pytest
 from celery import Celery
 
 from celery_recovery.stalls.broker import ready_messages
+from tests.apps.lifecycle import sqs_transport_options
 from tests.faults.servers import free_port
 from tests.workers import wait_for
 
 
-@pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker", ["redis", "rabbitmq", "sqs"])
 def test_the_ready_messages_of_a_workers_queues_are_counted(broker, broker_urls, queue):
     app = Celery("probe", broker=broker_urls[0], set_as_current=False)
     app.conf.task_default_queue = queue
+    if broker == "sqs":  # SQS counts ApproximateNumberOfMessages: kombu's queue size
+        app.conf.broker_transport_options = sqs_transport_options()
     try:
         # A queue never declared holds nothing
         assert ready_messages(app, [queue, f"{queue}-other"], timeout=2) == 0
