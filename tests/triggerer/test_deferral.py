@@ -170,8 +170,12 @@ def test_a_trigger_that_blocks_the_loop_is_reported(
     assert f"{trigger_name} of task {result.id} has blocked the triggerer's event loop" in (
         triggerer.log
     )
+    # On a busy machine the triggerer's own start may be reported too: read the trigger's line.
     total = wait_for(
-        lambda: re.search(r"blocked the event loop for (\d+\.\d+)s in all", triggerer.log),
+        lambda: re.search(
+            re.escape(trigger_name) + r" of task \S+ blocked the event loop for (\d+\.\d+)s in all",
+            triggerer.log,
+        ),
         10,
         what="the total blocked time",
     )
@@ -186,6 +190,8 @@ def test_a_trigger_that_blocks_the_loop_is_reported(
         10,
         what="the triggerer's metrics",
     )
-    assert value(samples, "celery_recovery_triggerer_blocked_loop_warnings_total") == 1
+    # Each report is logged before it is counted, so the log read after the scrape bounds it.
+    reports = len(re.findall(r"blocked the event loop for \d+\.\d+s in all", triggerer.log))
+    assert 1 <= value(samples, "celery_recovery_triggerer_blocked_loop_warnings_total") <= reports
     job_id = triggerer.job_id(store)
     assert value(samples, "celery_recovery_triggers_running", triggerer=job_id) == 0
