@@ -90,6 +90,14 @@ class TryRecovery(Repository):
             reservations.c.job_id == jobs.c.id,
             jobs.c.state == JobState.RUNNING.value,
             jobs.c.latest_heartbeat >= now - timedelta(seconds=live_threshold),
+            # A reception before the try's last start was used up by that start: the
+            # main process may write its reservation after the pool process started
+            # the try and sent it back to the queue (Celery failed before the body),
+            # whose delete of the reservation it then follows.
+            or_(
+                task_records.c.started_at.is_(None),
+                reservations.c.reserved_at >= task_records.c.started_at,
+            ),
         )
         stmt = (
             select(task_records)

@@ -230,3 +230,52 @@ def test_a_resumed_try_is_no_longer_held_by_the_live_worker_that_reserved_it_bef
         r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
     }
     assert lost == {"deferring"}
+
+
+def test_a_reservation_written_after_its_try_was_started_and_sent_back_does_not_hold_it(store):
+    # The worker's main process received the message at t0 and commits its reservation
+    # a moment later; meanwhile the pool process started the try and, Celery having
+    # failed before the body (its result backend refused STARTED), sent it back to the
+    # queue, deleting the reservation that was not written yet.  The late row must not
+    # keep the lost-message sweep off the try for as long as the worker lives.
+    add_job(store, "live", 0.0)
+    queue_try(store, "never-ran")
+    received = utcnow()
+    started = received + timedelta(milliseconds=30)
+    record = {"task_id": "never-ran", "try_number": 1, "task_name": "lifecycle.add"}
+    assert store.tries.mark_running(
+        {
+            **record,
+            "state": "running",
+            "job_id": "pool",
+            "started_at": started,
+            "updated_at": started,
+        }
+    )
+    back = {"state": TaskState.QUEUED, "queued_at": started, "updated_at": started}
+    store.tries.apply_writes(
+        [("transition", Transition("never-ran", 1, (TaskState.RUNNING,), back))]
+    )
+    store.tries.apply_writes([("reserved", ("never-ran", 1, "live", received))])
+    # A reception after that start (a redelivery of the same try) holds it again.
+    queue_try(store, "redelivered")
+    assert store.tries.mark_running(
+        {
+            **record,
+            "task_id": "redelivered",
+            "state": "running",
+            "started_at": started,
+            "updated_at": started,
+        }
+    )
+    store.tries.apply_writes(
+        [("transition", Transition("redelivered", 1, (TaskState.RUNNING,), back))]
+    )
+    store.tries.apply_writes(
+        [("reserved", ("redelivered", 1, "live", started + timedelta(seconds=1)))]
+    )
+    later = received + timedelta(seconds=3600)
+    lost = {
+        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+    }
+    assert lost == {"never-ran"}
