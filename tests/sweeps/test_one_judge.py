@@ -64,11 +64,16 @@ def _run_each_until_failed(app, name: str, ledgers, timeout: float) -> list:
     return results
 
 
-def _judging_window_passes() -> None:
+def _judging_window_passes(zombie_threshold: float = TIMING["zombie_threshold"]) -> None:
     """Let the sweeps run long enough to have judged every dead process (threshold and
     the parent's grace), had they been going to."""
-    deadline = time.monotonic() + TIMING["zombie_threshold"] + PARENT_VERDICT_GRACE + 1
-    wait_for(lambda: time.monotonic() > deadline, 30, interval=0.2, what="the judging window")
+    deadline = time.monotonic() + zombie_threshold + PARENT_VERDICT_GRACE + 1
+    wait_for(
+        lambda: time.monotonic() > deadline,
+        zombie_threshold + 30,
+        interval=0.2,
+        what="the judging window",
+    )
 
 
 def _worker_env(heard) -> dict[str, str]:
