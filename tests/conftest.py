@@ -160,6 +160,42 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
 
 
+#: ``RECOVERY_TEST_ONE_STORE=sqlite`` (or ``postgresql``): a test that runs on both
+#: stores with otherwise the same parameters runs on that one only.  The older Celery
+#: versions' compatibility cores use it (.ci/run): the store does not depend on Celery's
+#: version, and the newest runs everything on both.
+ONE_STORE = os.environ.get("RECOVERY_TEST_ONE_STORE")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not ONE_STORE:
+        return
+    if ONE_STORE not in ("sqlite", "postgresql"):
+        raise pytest.UsageError(
+            f"RECOVERY_TEST_ONE_STORE={ONE_STORE!r}: allowed are 'sqlite' and 'postgresql'"
+        )
+
+    def variant(item: pytest.Item) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "store_url" not in callspec.params:
+            return None
+        others = tuple(sorted((k, repr(v)) for k, v in callspec.params.items() if k != "store_url"))
+        return item.nodeid.split("[")[0], others
+
+    kept = {variant(item) for item in items if _store_of(item) == ONE_STORE}
+    deselected = [
+        item for item in items if _store_of(item) not in (None, ONE_STORE) and variant(item) in kept
+    ]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
+
+
+def _store_of(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return None if callspec is None else callspec.params.get("store_url")
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request: pytest.FixtureRequest) -> str:
     """Each store test runs on the embedded SQLite default and on PostgreSQL."""
