@@ -113,6 +113,11 @@ def _after_the_run(recovery: Any) -> dict[str, Any]:
         "sweep_after_queued_timeout": {
             "lost_messages": report.lost_messages,
             "republished": report.lost_republished,
+            # What it did with a try left running when the session's worker stopped.
+            "zombies": report.zombies,
+            "zombies_republished": report.republished,
+            "reconciled": report.reconciled,
+            "adopted": report.adopted,
             "errors": report.errors,
             "tasks": republished,
         },
