@@ -41,7 +41,42 @@ def flush_publisher(app: Any) -> None:
     assert recovery_for_app(app).flush(timeout=10), "the publisher's records were not written"
 
 
-class WorkerProcess:
+class SessionProcess:
+    """A ``celery`` command in its own session, logging to a file: its whole process group
+    can be signalled or SIGKILLed at once, as an OOM kill or an eviction would."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in kill()/stop()
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        os.killpg(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+
+class WorkerProcess(SessionProcess):
     """One ``celery worker`` in its own session, so its whole process group can be killed."""
 
     def __init__(
@@ -60,7 +95,6 @@ class WorkerProcess:
         #: exclusive control queue (named after the node) for a moment, and a worker of
         #: the same name starting then exits.
         self.node = f"{name}-{uuid.uuid4().hex[:6]}"
-        self.log_path = log_path
         command = [
             sys.executable,
             "-m",
@@ -83,24 +117,11 @@ class WorkerProcess:
             *extra_args,
         ]
         # CI runs as root, and some tests send pickled arguments on purpose.
-        full_env = {**os.environ, "C_FORCE_ROOT": "1", **env, "PYTHONPATH": str(ROOT)}
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()/kill()
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=full_env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        super().__init__(command, {"C_FORCE_ROOT": "1", **env}, log_path)
 
     def owns(self, node_name: str) -> bool:
         """True when ``node_name`` (``name@host``, as a job records it) is this worker's."""
         return node_name.startswith(f"{self.node}@")
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 30.0) -> WorkerProcess:
         def ready() -> bool:
@@ -116,13 +137,6 @@ class WorkerProcess:
             ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
         ).stdout
         return [int(pid) for pid in out.split()]
-
-    def kill(self) -> None:
-        """SIGKILL the worker's whole process group, as an OOM kill or eviction would."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
 
     def stop(self, timeout: float = 20.0) -> int:
         """Warm shutdown (SIGTERM); SIGKILL if it does not exit in time."""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -16,41 +14,15 @@ import pytest
 
 from celery_recovery.resends import RESENT_HEADER
 from tests.conftest import app_env
-from tests.workers import ROOT, WorkerProcess, wait_for
+from tests.workers import SessionProcess, WorkerProcess, wait_for
 
 
-class BeatProcess:
+class BeatProcess(SessionProcess):
     """One ``celery beat`` in its own session: SIGKILL, SIGSTOP and SIGCONT it whole."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
         command = [sys.executable, "-m", "celery", "-A", "tests.apps.beat_app", "beat"]
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in kill()
-        self.proc = subprocess.Popen(
-            [*command, "-l", "INFO"],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def signal(self, signum: int) -> None:
-        os.killpg(self.proc.pid, signum)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
+        super().__init__([*command, "-l", "INFO"], env, log_path)
 
 
 @pytest.fixture

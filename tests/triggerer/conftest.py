@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import app_env
-from tests.workers import ROOT, wait_for
+from tests.workers import SessionProcess, wait_for
 
 
-class TriggererProcess:
+class TriggererProcess(SessionProcess):
     """One triggerer in its own session, so SIGKILL takes it down at once."""
 
     def __init__(self, env: dict[str, str], log_path: Path, args: list[str]) -> None:
-        self.log_path = log_path
         command = [
             sys.executable,
             "-m",
@@ -30,23 +27,7 @@ class TriggererProcess:
             "triggerer",
             *args,
         ]
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in kill()
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        super().__init__(command, env, log_path)
 
     def job_id(self, store) -> str:
         """This triggerer's job id, once it registered."""
@@ -64,12 +45,6 @@ class TriggererProcess:
     def terminate(self, timeout: float = 15.0) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self._log.close()
 
 
 @pytest.fixture
