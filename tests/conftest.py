@@ -183,12 +183,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return item.nodeid.split("[")[0], others
 
     kept = {variant(item) for item in items if _store_of(item) == ONE_STORE}
-    deselected = [
-        item for item in items if _store_of(item) not in (None, ONE_STORE) and variant(item) in kept
-    ]
+    selected, deselected = [], []
+    for item in items:
+        twin_kept = _store_of(item) not in (None, ONE_STORE) and variant(item) in kept
+        (deselected if twin_kept else selected).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if item not in deselected]
+        items[:] = selected
 
 
 def _store_of(item: pytest.Item) -> str | None:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -49,22 +50,24 @@ def sweeping(app, every: float = 0.2) -> Iterator[None]:
         thread.join(30)
 
 
-def _run_each_until_failed(app, name: str, ledgers, timeout: float) -> list:
-    """Send ``name`` once per ledger with sweeps running, until each ran its ``on_failure``
+def _run_each_until_failed(
+    app, sends: list[tuple[str, Path]], timeout: float, timing: dict[str, float] = TIMING
+) -> list:
+    """Send each (task name, ledger) with sweeps running, until each ran its ``on_failure``
     and the sweeps had the time to judge every dead process; the results."""
     with sweeping(app):
-        results = [app.send_task(name, (str(path),)) for path in ledgers]
+        results = [app.send_task(name, (str(path),)) for name, path in sends]
         wait_for(
-            lambda: all(count(path, "on_failure") for path in ledgers),
+            lambda: all(count(path, "on_failure") for _, path in sends),
             timeout,
             interval=0.2,
-            what=f"on_failure of every {name}",
+            what="on_failure of every task",
         )
-        _judging_window_passes()
+        _judging_window_passes(timing["zombie_threshold"])
     return results
 
 
-def _judging_window_passes(zombie_threshold: float = TIMING["zombie_threshold"]) -> None:
+def _judging_window_passes(zombie_threshold: float) -> None:
     """Let the sweeps run long enough to have judged every dead process (threshold and
     the parent's grace), had they been going to."""
     deadline = time.monotonic() + zombie_threshold + PARENT_VERDICT_GRACE + 1
@@ -76,10 +79,10 @@ def _judging_window_passes(zombie_threshold: float = TIMING["zombie_threshold"])
     )
 
 
-def _worker_env(heard) -> dict[str, str]:
+def _worker_env(heard, timing: dict[str, float] = TIMING) -> dict[str, str]:
     return {
         "RECOVERY_TEST_LISTENER_LOG": str(heard),
-        **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in TIMING.items()},
+        **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in timing.items()},
     }
 
 
@@ -92,7 +95,7 @@ def test_a_pool_process_killed_under_a_live_worker_is_failed_once_not_run_again(
     log_failure_listeners(app, str(heard))
     start_worker(concurrency=4, env=_worker_env(heard))
     ledgers = [tmp_path / f"self_kill-{i}" for i in range(REPETITIONS)]
-    results = _run_each_until_failed(app, "lifecycle.self_kill", ledgers, 90)
+    results = _run_each_until_failed(app, [("lifecycle.self_kill", p) for p in ledgers], 90)
 
     for path, result in zip(ledgers, results, strict=True):
         lines = ledger_lines(path)
@@ -119,7 +122,7 @@ def test_a_task_that_always_kills_its_process_runs_max_retries_plus_one_times_ea
     heard = tmp_path / "listeners"
     start_worker(concurrency=4, env=_worker_env(heard))
     ledgers = [tmp_path / f"poison-{i}" for i in range(REPETITIONS)]
-    results = _run_each_until_failed(app, "lifecycle.poison", ledgers, 120)
+    results = _run_each_until_failed(app, [("lifecycle.poison", p) for p in ledgers], 120)
 
     runs = [count(path, "start") for path in ledgers]
     print(f"\nruns of each poison task: {runs}")

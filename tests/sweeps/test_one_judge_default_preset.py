@@ -16,8 +16,7 @@ from celery_recovery import TaskState
 from celery_recovery.core.presets import PRESETS
 from tests.apps.lifecycle import log_failure_listeners
 from tests.sweeps.helpers import count, ledger_lines
-from tests.sweeps.test_one_judge import _judging_window_passes, _worker_env, sweeping
-from tests.workers import wait_for
+from tests.sweeps.test_one_judge import _run_each_until_failed, _worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -31,30 +30,17 @@ DEFAULT_TIMING = {
 def test_at_the_default_presets_intervals_a_dead_pool_process_still_has_one_judge(
     make_client_app, store_url, store, start_worker, tmp_path
 ):
-    # Both cases of test_one_judge.py at once, each ten times, under the default preset's heartbeats
-    # and thresholds, with sweeps as eager as above: the parent's grace must scale
-    # with the heartbeat interval, not assume the aggressive one.
+    # Both cases of test_one_judge.py at once, each ten times, under the default preset's
+    # heartbeats and thresholds, with sweeps as eager as there: the parent's grace must
+    # scale with the heartbeat interval, not assume the aggressive one.
     app = make_client_app(store_url, **DEFAULT_TIMING)
     heard = tmp_path / "listeners"
     log_failure_listeners(app, str(heard))
-    env = {
-        **_worker_env(heard),
-        **{f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in DEFAULT_TIMING.items()},
-    }
-    start_worker(concurrency=4, env=env)
+    start_worker(concurrency=4, env=_worker_env(heard, DEFAULT_TIMING))
     names = ["lifecycle.self_kill"] * 10 + ["lifecycle.poison"] * 10
     ledgers = [tmp_path / f"{name.split('.')[1]}-{i}" for i, name in enumerate(names)]
-    with sweeping(app):
-        results = [
-            app.send_task(name, (str(path),)) for name, path in zip(names, ledgers, strict=True)
-        ]
-        wait_for(
-            lambda: all(count(path, "on_failure") for path in ledgers),
-            120,
-            interval=0.2,
-            what="on_failure of every task",
-        )
-        _judging_window_passes(DEFAULT_TIMING["zombie_threshold"])
+    sends = list(zip(names, ledgers, strict=True))
+    results = _run_each_until_failed(app, sends, 120, DEFAULT_TIMING)
 
     for name, path, result in zip(names, ledgers, results, strict=True):
         lines = ledger_lines(path)
