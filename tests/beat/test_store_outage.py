@@ -58,8 +58,14 @@ def test_beats_cut_off_from_the_store_send_nothing_and_catch_up_once_after(
         if not restored:
             proxy.start()
     runs = queued_runs(broker_urls[0], queue, copies=True)
-    times = Counter(at for *_, at in runs)
+    times = Counter(at for *_, at in queued_runs(broker_urls[0], queue))
     assert all(n == 1 for n in times.values()), [t for t, n in times.items() if n > 1]
+    # A run whose publish went out just as the cut came, and whose send could not be
+    # recorded, is sent again afterwards as a marked copy under the same task id (a
+    # worker drops it once the first started; docs/beat.md, Limits): only such a run.
+    copies = Counter(at for *_, at in runs) - times
+    assert all(at in times and at <= row_before["last_run_at"] for at in copies), copies
+    assert sum(copies.values()) <= 1, copies
     assert all(task_id == run_task_id("every-second", at) for _, task_id, at in runs)
     row = store.beat.entry("every-second")
     gap = [t for t in times if row_before["last_run_at"] < t]
