@@ -11,10 +11,16 @@ When a prefork child is killed, the worker's main process sees it and Celery
   ``on_retry``.  The try is recorded ``up_for_retry``, and the failure
   listeners hear of it from the outbox;
 - with ``acks_late`` and ``task_reject_on_worker_lost`` it requeues the message,
-  with nothing to count how often: a task that kills its own process would run
-  for ever.  Every ``acks_late`` try is therefore claimed durably before its
-  body runs, and a claim that finds its try still ``running`` counts one death
-  (see :meth:`~celery_recovery.store.Store.claim_counting_deaths`).  Once the
+  sends no signal, and has nothing to count how often: a task that kills its own
+  process would run for ever.  The main process records that verdict (the try
+  ``queued`` again, one death counted) from ``Request.reject``, so that no sweep
+  republishes a try whose message is back in the queue however long its
+  redelivery takes; the lost-message sweep covers a requeue that never arrives.
+  Every ``acks_late`` try is also claimed durably before its body runs, and a
+  claim that finds its try still ``running`` in another process counts one death
+  (see :meth:`~celery_recovery.store.Store.claim_counting_deaths`): whichever of
+  the two lands first counts the death, the other finds the try no longer that
+  process's.  Once the
   runs allowed are used up (``max_retries + 1`` in all, each death counting as a
   retry; ``recovery_max_lost_runs`` for ``max_retries=None``), the try is failed:
   FAILURE in the result backend, ``on_failure`` from the outbox, and the message
@@ -28,8 +34,10 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 
+from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
@@ -60,8 +68,10 @@ _refused = _Refused()
 
 class _Failing(threading.local):
     #: The request whose ``Request.on_failure`` this thread of the worker's main process
-    #: runs (a class-level default: see :mod:`celery_recovery.core.thread_marks`).
+    #: runs, and its exception (class-level defaults: see
+    #: :mod:`celery_recovery.core.thread_marks`).
     request: Any = None
+    exception: BaseException | None = None
 
 
 _failing = _Failing()
@@ -79,17 +89,28 @@ def install_failure_context() -> None:
     original = Request.on_failure
     if getattr(original, _WRAPPED, False):
         return
+    original_reject = Request.reject
 
     @functools.wraps(original)
-    def on_failure(self: Any, *args: Any, **kwargs: Any) -> Any:
-        outer, _failing.request = _failing.request, self
+    def on_failure(self: Any, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
+        outer = _failing.request, _failing.exception
+        _failing.request, _failing.exception = self, _unwrapped(exc_info)
         try:
-            return original(self, *args, **kwargs)
+            return original(self, exc_info, *args, **kwargs)
         finally:
-            _failing.request = outer
+            _failing.request, _failing.exception = outer
+
+    @functools.wraps(original_reject)
+    def reject(self: Any, requeue: bool = False) -> Any:
+        done = original_reject(self, requeue=requeue)
+        exception = _failing.exception
+        if requeue and _failing.request is self and isinstance(exception, WorkerLostError):
+            _record_requeued_death(self, exception)
+        return done
 
     setattr(on_failure, _WRAPPED, True)
     Request.on_failure = on_failure
+    Request.reject = reject
 
 
 def failing_request(task: Any, task_id: str) -> Any:
@@ -138,6 +159,41 @@ def record_lost_process(
         task.name, request, "failure", reason, WorkerLostError.__name__, args, kwargs, done, now
     )
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
+
+
+def _unwrapped(exc_info: Any) -> BaseException | None:
+    """The exception Celery judges (a pool's error comes wrapped with its traceback)."""
+    exc = getattr(exc_info, "exception", None)
+    return exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
+
+
+def _record_requeued_death(request: Any, exception: BaseException) -> None:
+    """Celery requeued the message of a try whose pool process died: the try is
+    ``queued`` again with one more death, if it is still that process's."""
+    try:
+        context = context_for_app(request.task.app)
+        pid = request.worker_pid
+        if context is None or pid is None:
+            return  # not recorded here, or never accepted: the sweep judges it
+        now = utcnow()
+        reason = (
+            f"its pool process died ({type(exception).__name__}: {exception}); "
+            "requeued by Celery (task_reject_on_worker_lost)"
+        )
+        values = {
+            "state": TaskState.QUEUED,
+            "job_id": None,
+            "queued_at": now,
+            "updated_at": now,
+            "state_reason": reason,
+        }
+        change = Transition(
+            request.id, try_number_of(request._context), (TaskState.RUNNING,), values, pid
+        )
+        context.runtime.write(WriteKind.TRANSITION, change)
+    except Exception:
+        # Celery's own handling of the death has happened; ours must not break it.
+        logger.exception("celery-recovery: recording the requeue of %s failed", request.id)
 
 
 def record_lost_retry(context: RecoveryContext, task: Any, reason: Any) -> None:

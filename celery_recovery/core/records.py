@@ -92,12 +92,16 @@ class Transition:
 
     ``try_number=None`` targets whichever try of the task is in an expected
     state (used where Celery does not say which try, e.g. a lost pool process).
+    ``died_in_pid`` is only for a change that sends a try back to ``queued``.
     """
 
     task_id: str
     try_number: int | None
     expected: tuple[TaskState, ...]
     values: dict[str, Any] = field(default_factory=dict)
+    #: The pool process (pid) whose death ends the run: the change applies only while
+    #: the try is still that process's, and counts one of its deaths.
+    died_in_pid: int | None = None
 
 
 @dataclass(frozen=True)

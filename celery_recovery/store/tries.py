@@ -290,7 +290,10 @@ class TryRepository(TryRecovery):
         """Send a running try back to ``queued``; whoever reserved its message no longer
         holds it (the delivery handed it back), so its reservation goes too: left, a live
         worker's reservation would keep the lost-message sweep off the try for good."""
-        won = self._apply_grouped(conn, [change])
+        if change.died_in_pid is None:
+            won = self._apply_grouped(conn, [change])
+        else:
+            won = self._requeue_dead_run(conn, change, change.died_in_pid)
         if won:
             conn.execute(
                 delete(reservations).where(
@@ -299,6 +302,21 @@ class TryRepository(TryRecovery):
                 )
             )
         return won
+
+    def _requeue_dead_run(self, conn: Connection, change: Transition, pid: int) -> int:
+        """Requeue a try whose pool process died, counting that death, only while the try
+        is still that process's: a redelivery that claimed it first counted the death."""
+        stmt = (
+            update(task_records)
+            .where(
+                task_records.c.task_id == change.task_id,
+                task_records.c.try_number == change.try_number,
+                or_(*(task_records.c.state == str(state) for state in change.expected)),
+                task_records.c.worker_pid == pid,
+            )
+            .values(**change.values, deaths=task_records.c.deaths + 1)
+        )
+        return max(conn.execute(stmt).rowcount, 0)
 
     def _apply_outboxed(self, conn: Connection, items: Sequence[OutboxedTransition]) -> int:
         won = 0

@@ -44,6 +44,31 @@ def test_a_first_run_of_a_published_try_is_no_death(store):
     assert store.tries.history("t1")[0]["deaths"] == 1
 
 
+def _requeue_of_dead_run(pid: int) -> Transition:
+    """The worker's main process's record of Celery's requeue after pool process ``pid`` died."""
+    values = {"state": TaskState.QUEUED, "job_id": None, "state_reason": "requeued by Celery"}
+    return Transition("t1", 1, (TaskState.RUNNING,), values, died_in_pid=pid)
+
+
+def test_a_requeue_recorded_before_the_redelivery_counts_the_death_once(store):
+    assert store.tries.claim_counting_deaths(running(job_id="job-a", worker_pid=101)) == 0
+    store.tries.apply_writes([("transition", _requeue_of_dead_run(101))])
+    [row] = store.tries.history("t1")
+    assert (row["state"], row["job_id"], row["deaths"]) == (TaskState.QUEUED, None, 1)
+    # The redelivery finds it queued: no second death for the same one.
+    assert store.tries.claim_counting_deaths(running(job_id="job-b", worker_pid=102)) == 1
+
+
+def test_a_requeue_recorded_after_the_redelivery_leaves_its_claim_alone(store):
+    assert store.tries.claim_counting_deaths(running(job_id="job-a", worker_pid=101)) == 0
+    # The redelivery claimed first (and counted the death); the late record of the
+    # requeue must neither send the new run's try back to queued nor count again.
+    assert store.tries.claim_counting_deaths(running(job_id="job-b", worker_pid=102)) == 1
+    store.tries.apply_writes([("transition", _requeue_of_dead_run(101))])
+    [row] = store.tries.history("t1")
+    assert (row["state"], row["job_id"], row["deaths"]) == (TaskState.RUNNING, "job-b", 1)
+
+
 def test_an_outboxed_transition_writes_its_callback_only_when_it_wins(store):
     store.tries.apply_writes([("queued", queued("t1")), ("queued", queued("t2"))])
     store.tries.transition("t2", 1, TaskState.QUEUED, TaskState.REVOKED, updated_at=utcnow())

@@ -134,3 +134,44 @@ def test_a_task_that_always_kills_its_process_runs_max_retries_plus_one_times_ea
         [only] = store.tries.history(result.id)
         assert (only["state"], only["deaths"]) == (TaskState.FAILED, 3), only
         assert result.state == "FAILURE"
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_requeued_try_waiting_longer_than_the_sweeps_bound_is_not_published_again(
+    make_client_app, store_url, store, start_worker, tmp_path
+):
+    # Celery requeues a killed acks_late run (task_reject_on_worker_lost) and says
+    # nothing of it; here its redelivery waits behind a 12 s task on the only
+    # process, far past the sweep's bound for a dead process (threshold and grace).
+    # The worker's main process records the requeue, so no sweep publishes a try 2
+    # beside the message Celery put back.
+    app = make_client_app(store_url, **TIMING)
+    start_worker(concurrency=1, env=_worker_env(tmp_path / "listeners"))
+    poison, long = tmp_path / "poison", tmp_path / "long"
+    with sweeping(app):
+        result = app.send_task("lifecycle.poison", (str(poison),))
+        app.send_task("lifecycle.ledger_sleep", (str(long), 12))
+
+        def requeued():
+            rows = store.tries.history(result.id)  # empty until the publisher's write lands
+            started = count(poison, "start") and count(long, "start")
+            return started and rows and rows[0]["state"] == TaskState.QUEUED and rows[-1]
+
+        row = wait_for(requeued, 30, interval=0.1, what="the requeue recorded, the long task on")
+        assert "requeued by Celery" in row["state_reason"], row["state_reason"]
+        assert (row["deaths"], count(poison, "start")) == (1, 1), row
+        # The sweeps' whole judging window passes while the redelivery waits.
+        _judging_window_passes(TIMING["zombie_threshold"])
+        assert count(long, "start") == 1 and count(long, "done") == 0, "the wait is over early"
+        [row] = store.tries.history(result.id)
+        assert (row["state"], row["recovered_at"]) == (TaskState.QUEUED, None), row
+        wait_for(lambda: count(poison, "on_failure"), 90, interval=0.2, what="on_failure")
+        _judging_window_passes(TIMING["zombie_threshold"])
+
+    lines = ledger_lines(poison)
+    assert count(poison, "start") == 3, lines
+    assert count(poison, "on_failure WorkerLostError") == 1, lines
+    assert count(poison, "on_retry") == 0, lines
+    [only] = store.tries.history(result.id)
+    assert (only["state"], only["deaths"], only["recovered_at"]) == (TaskState.FAILED, 3, None)
+    assert result.state == "FAILURE"
