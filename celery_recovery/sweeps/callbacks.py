@@ -14,7 +14,10 @@ skipped, so each runs once.
 
 Exactly once in the normal case.  Twice: the delivering process dies (or
 stalls past the claim lease) after running the callbacks and before deleting
-the row, so another sweep claims it again.  Never: the row is dropped after
+the row, so another sweep claims it again: once the lease runs out, or as soon
+as a sweep records the delivering process's job dead (a pool process running
+the fallback sweep, stopped for a hung try it ran, must not hold its rows for
+the whole lease).  Never: the row is dropped after
 :data:`MAX_ATTEMPTS` deliveries that each died, or the store loses it.
 """
 
