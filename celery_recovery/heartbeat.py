@@ -46,6 +46,7 @@ class HeartbeatThread(threading.Thread):
         self.consumer = consumer
         self._stop_event = threading.Event()
         self._registered = False
+        self._first_beat = threading.Event()
 
     @property
     def job_id(self) -> str:
@@ -56,12 +57,18 @@ class HeartbeatThread(threading.Thread):
         """True once the job row was written (a triggerer claims work only then)."""
         return self._registered
 
+    def wait_registered(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the first beat; True if the job row is written."""
+        self._first_beat.wait(timeout)
+        return self._registered
+
     def run(self) -> None:
         while True:
             # Beat even while the store is backing off: one tiny write per interval is
             # the normal load, and after an outage every live process must be seen
             # alive again within an interval, before a sweep judges it.
             self._beat()
+            self._first_beat.set()
             if self.on_beat is not None:
                 try:
                     self.on_beat()

@@ -30,6 +30,9 @@ from celery_recovery.write_behind import WriteBehindWriter
 
 logger = logging.getLogger("celery_recovery.runtime")
 
+#: Seconds a starting process waits for its job row before it takes work.
+REGISTRATION_WAIT = 1.0
+
 
 class ProcessRuntime:
     """Per-process state of an installed :class:`~celery_recovery.Recovery`."""
@@ -110,6 +113,17 @@ class ProcessRuntime:
             consumer=consumer,
         )
         self.heartbeat.start()
+        # A process that takes work before its job row lands (a slow or contended store
+        # at start) leaves tries no sweep can judge until MISSING_JOB_GRACE passes, should
+        # it die at once.  Wait a little for it; never long: a pool process must report
+        # ready to its pool within seconds, and the store may be down.
+        if not self.heartbeat.wait_registered(REGISTRATION_WAIT):
+            logger.info(
+                "celery-recovery: %s job %s not registered within %.1fs; carrying on",
+                job_type,
+                job["id"],
+                REGISTRATION_WAIT,
+            )
         logger.info("celery-recovery: %s job %s started (pid %s)", job_type, job["id"], job["pid"])
         return str(job["id"])
 
