@@ -25,7 +25,7 @@ from typing import Any
 from billiard.exceptions import WorkerLostError
 from celery import Task
 from celery import states as celery_states
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 from celery.signals import (
     task_failure,
     task_postrun,
@@ -277,7 +277,11 @@ def on_failure(
             {
                 "state": TaskState.FAILED,
                 "error": _describe(exception),
-                "state_reason": "failed by the worker's main process",
+                # Celery 5.7 reports Reject(requeue=False) from here too, racing the pool
+                # process's own record of it: both give the same reason.
+                "state_reason": _OUTCOMES[celery_states.REJECTED][1]
+                if isinstance(exception, Reject)
+                else "failed by the worker's main process",
                 "ended_at": now,
                 "updated_at": now,
             },
