@@ -11,10 +11,11 @@ running is committed within :data:`CLAIM_INTERVAL` of its start: that is the
 window in which a killed process leaves its try ``queued`` rather than
 ``running`` (docs/recovery.md), so it must stay short.  A reservation (a
 message a worker's main process holds) is the same window for a prefetched
-message: it is committed within the claim interval too, unless the writer
-committed less than a flush interval ago, and then one flush interval after
-that commit (so a busy main process still commits a few times a second, and a
-quiet one at once).  Everything else (a publisher's ``queued`` rows, finished
+message: it is committed within the claim interval too while the writer has
+prompt commits in hand (:data:`RESERVATION_BURST`, one more earned per flush
+interval), and else when it earns the next one (so a busy main process still
+commits a few times a second, and a quiet one at once, even for the few
+messages it takes back to back).  Everything else (a publisher's ``queued`` rows, finished
 outcomes, audit rows) may wait :data:`FLUSH_INTERVAL`, so that batches grow
 and commits get rarer.  An outcome that finds its try's claim still waiting
 here is folded into it (one row write, and the claim is no longer urgent), as
@@ -53,6 +54,11 @@ logger = logging.getLogger("celery_recovery.write_behind")
 CLAIM_INTERVAL = 0.02
 #: Seconds any other write may wait so that others can share its commit.
 FLUSH_INTERVAL = 0.15
+#: Prompt commits a quiet writer makes for reservations back to back, before they
+#: wait for the flush interval: a worker takes its next message as its first task
+#: starts, and when that start is slow to be seen the first message's reservation
+#: takes one commit and the next message's another.
+RESERVATION_BURST = 3
 #: Most writes applied in one transaction.
 MAX_BATCH = 500
 #: Most writes kept while the store is down; older ones are dropped past it.
@@ -114,8 +120,10 @@ class WriteBehindWriter:
         self._takes_claims = False
         #: When the first reservation waiting here arrived (monotonic seconds).
         self._first_reserved = math.inf
-        #: When the flusher last took a batch (monotonic seconds).
-        self._last_taken = -math.inf
+        #: Prompt commits in hand for reservations (a token bucket: at most
+        #: RESERVATION_BURST, one earned per flush interval), as of ``_credit_at``.
+        self._credit = float(RESERVATION_BURST)
+        self._credit_at = time.monotonic()
 
     def submit(self, kind: WriteKind, item: Any) -> None:
         """Queue one write; never blocks on the store.  A ``running`` claim's dict then
@@ -222,8 +230,16 @@ class WriteBehindWriter:
             due = min(due, arrived + self.claim_interval)
         if self._first_reserved != math.inf:
             prompt = self._first_reserved + self.claim_interval
-            due = min(due, max(prompt, self._last_taken + self.flush_interval))
+            earned = self._credit_at + max(0.0, 1.0 - self._credit) * self.flush_interval
+            due = min(due, max(prompt, earned))
         return due
+
+    def _spend_credit(self, now: float) -> None:
+        """A batch is taken: it costs one prompt commit (lock held)."""
+        interval = self.flush_interval
+        earned = (now - self._credit_at) / interval if interval > 0 else math.inf
+        self._credit = max(0.0, min(float(RESERVATION_BURST), self._credit + earned) - 1.0)
+        self._credit_at = now
 
     def _run(self) -> None:
         while True:
@@ -255,7 +271,7 @@ class WriteBehindWriter:
                 # What is left is already late: write it next, at once.
                 self._oldest = -math.inf if self._pending else math.inf
                 self._first_reserved = math.inf
-                self._last_taken = time.monotonic()
+                self._spend_credit(time.monotonic())
                 self._in_flight = len(batch)
             # Outside the lock: submitters do not wait for the checks and the building.
             batch = _resolved(batch)

@@ -13,7 +13,7 @@ from celery_recovery.core.errors import StoreError, StoreUnavailableError
 from celery_recovery.core.records import Transition
 from celery_recovery.core.states import TaskState
 from celery_recovery.health import StoreHealth
-from celery_recovery.write_behind import WriteBehindWriter
+from celery_recovery.write_behind import RESERVATION_BURST, WriteBehindWriter
 
 
 class FakeStore:
@@ -212,18 +212,44 @@ def test_a_reservation_on_a_quiet_writer_is_written_within_the_claim_interval():
     assert items == ["written later", "held"] and at - submitted < 1.0
 
 
+def _wait_for_batches(store, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(store.batches) < n:
+        assert time.monotonic() < deadline, f"only {len(store.batches)} of {n} batches written"
+        time.sleep(0.002)
+
+
+def test_reservations_taken_back_to_back_by_a_quiet_writer_are_each_written_at_once():
+    """The demo's worker takes its first message, commits its reservation, then takes the
+    next as the first task starts: that one is written within the claim interval too, not
+    a flush interval after the first commit (a kill then lost it to the queued timeout)."""
+    store = TimedStore()
+    writer = WriteBehindWriter(store, StoreHealth("fake"), flush_interval=60, claim_interval=0.01)
+    for n, name in enumerate(["first", "next", "and one more"], start=1):
+        submitted = time.monotonic()
+        writer.submit_built("reserved", lambda source: source, name)
+        _wait_for_batches(store, n)
+        at, items = store.batches[-1]
+        assert items == [name] and at - submitted < 1.0
+
+
 def test_reservations_of_a_busy_writer_still_share_a_commit_per_flush_interval():
+    """Past its few prompt commits, a busy main process commits once per flush interval,
+    whatever the rate of messages it takes."""
     store = TimedStore()
     writer = WriteBehindWriter(store, StoreHealth("fake"), flush_interval=0.5, claim_interval=0.01)
-    writer.submit_built("reserved", lambda source: source, "first")
-    assert writer.flush(5)
-    first_commit = store.batches[-1][0]
+    for n in range(1, RESERVATION_BURST + 1):
+        writer.submit_built("reserved", lambda source: source, f"prompt {n}")
+        _wait_for_batches(store, n)
+    last_prompt = store.batches[-1][0]
     for name in ("second", "third"):
         writer.submit_built("reserved", lambda source: source, name)
-    deadline = time.monotonic() + 5
-    while len(store.batches) < 2:
-        assert time.monotonic() < deadline, "the reservations were never written"
-        time.sleep(0.005)
-    at, items = store.batches[1]
+    _wait_for_batches(store, RESERVATION_BURST + 1)
+    at, items = store.batches[-1]
     assert items == ["second", "third"]
-    assert at - first_commit >= 0.45, "a busy writer committed again within the flush interval"
+    assert at - last_prompt >= 0.4, "a busy writer committed again within the flush interval"
+    # The next commit waits a whole flush interval again: spending the credit does not
+    # leave any behind.
+    writer.submit_built("reserved", lambda source: source, "fourth")
+    _wait_for_batches(store, RESERVATION_BURST + 2)
+    assert store.batches[-1][0] - at >= 0.45
