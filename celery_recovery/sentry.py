@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -51,9 +52,12 @@ _checkin_lock = threading.Lock()
 
 def active() -> bool:
     """True when sentry-sdk is installed and initialised in this process."""
-    try:
-        import sentry_sdk
-    except ImportError:
+    # Initialised means imported: a process that never imported sentry-sdk is not
+    # asked to.  Importing it costs up to a second (it imports gevent and eventlet,
+    # when installed, to see whether they patched the process), which would land on a
+    # sweep's first action in every process, or on a triggerer's event loop.
+    sentry_sdk = sys.modules.get("sentry_sdk")
+    if sentry_sdk is None:
         return False
     try:
         return bool(sentry_sdk.get_client().is_active())

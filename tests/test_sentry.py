@@ -176,3 +176,17 @@ def test_cli_sweep_checks_in(client_app, transport):
     assert result.exit_code == 0, result.output
     (checkin,) = transport.items("check_in")
     assert (checkin["monitor_slug"], checkin["status"]) == ("celery-recovery-sweep", "ok")
+
+
+def test_a_process_that_never_initialised_sentry_does_not_import_it():
+    """Importing sentry-sdk costs up to a second (it imports gevent and eventlet when
+    installed): a sweep's first action, or a triggerer's loop, would pay it for nothing."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from celery_recovery import sentry; "
+        "print(sentry.active(), 'sentry_sdk' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

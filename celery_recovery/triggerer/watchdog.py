@@ -5,6 +5,10 @@ loop stamps a tick every :data:`TICK` seconds and a thread watches the
 stamp.  When it is late by more than the threshold, the watchdog names the
 asyncio task running at that moment (each trigger runs in a task named
 after it) and logs it, then logs the total once the loop is free again.
+A stall may pass from one task to the next without the loop ticking in
+between (the claim loop starts a trigger that blocks at once): each task
+seen running is named for its own share, so the blocking trigger is not
+hidden behind the task that happened to be first.
 
 The total is measured by the loop itself (the gap between two ticks), not
 by the watching thread: on a busy machine that thread may not be scheduled
@@ -42,7 +46,14 @@ class LoopWatchdog(threading.Thread):
         self.last_tick = time.monotonic()
         self.blocked: list[tuple[str, float]] = []
         self._stop_event = threading.Event()
+        #: The task blamed for the stall being watched (None when the loop is free),
+        #: whether it was reported, and when in the stall it was first seen running
+        #: (seconds after the stall's last tick).
         self._culprit: str | None = None
+        self._reported = False
+        self._culprit_from = 0.0
+        #: The tick the watched stall began after.
+        self._stall_tick: float | None = None
         self._seen_late = 0.0
         self._longest_gap = 0.0
         self._gap_lock = threading.Lock()
@@ -71,26 +82,50 @@ class LoopWatchdog(threading.Thread):
     def look(self, now: float) -> None:
         """One look at the loop from the watching thread."""
         late = now - self.last_tick
-        if late > self.threshold:
-            if self._culprit is None:
-                task = asyncio.current_task(self.loop)
-                self._culprit = task.get_name() if task is not None else "the triggerer itself"
+        stalled = late > self.threshold
+        running = self._running_task() if stalled else None
+        if self._culprit is not None:
+            if not stalled or self.last_tick != self._stall_tick:
+                # The loop ticked since: the stall is over, and the loop measured it.
                 with self._gap_lock:
-                    self._longest_gap = 0.0  # stalls before this one were reported or small
-                logger.warning(
-                    "celery-recovery: %s has blocked the triggerer's event loop for %.2fs; "
-                    "every other trigger waits (use await and asyncio.to_thread for "
-                    "blocking work)",
-                    self._culprit,
-                    late,
-                )
-            self._seen_late = late
+                    gap = self._longest_gap
+                self._close(max(self._seen_late, gap) - self._culprit_from)
+            elif running != self._culprit:
+                # The culprit let go and another task holds the loop, with no tick between.
+                self._close(self._seen_late - self._culprit_from)
+                self._culprit_from = self._seen_late
+        if not stalled:
             return
         if self._culprit is None:
-            return
-        with self._gap_lock:
-            blocked_for = max(self._seen_late, self._longest_gap)
-        culprit, self._culprit = self._culprit, None
+            if self.last_tick != self._stall_tick:
+                self._stall_tick = self.last_tick
+                self._culprit_from = 0.0
+                with self._gap_lock:
+                    self._longest_gap = 0.0  # stalls before this one were reported or small
+            self._culprit = running
+        self._seen_late = late
+        share = late - self._culprit_from
+        if not self._reported and share > self.threshold:
+            self._reported = True
+            logger.warning(
+                "celery-recovery: %s has blocked the triggerer's event loop for %.2fs; "
+                "every other trigger waits (use await and asyncio.to_thread for "
+                "blocking work)",
+                self._culprit,
+                share,
+            )
+
+    def _running_task(self) -> str:
+        """The name of the asyncio task the loop is running now."""
+        task = asyncio.current_task(self.loop)
+        return task.get_name() if task is not None else "the triggerer itself"
+
+    def _close(self, blocked_for: float) -> None:
+        """The culprit let go of the loop after ``blocked_for`` seconds of its own."""
+        culprit, reported = self._culprit, self._reported
+        self._culprit, self._reported = None, False
+        if not reported or culprit is None:
+            return  # its own share stayed under the threshold
         logger.warning(
             "celery-recovery: %s blocked the event loop for %.2fs in all", culprit, blocked_for
         )

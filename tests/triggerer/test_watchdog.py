@@ -69,3 +69,41 @@ def test_each_block_is_reported_once(watchdog):
     watchdog.tick(100.7)
     watchdog.look(100.72)
     assert len(watchdog.reported) == 1
+
+
+def _running(watchdog, name: str) -> None:
+    """What the watching thread sees running on the loop from now on."""
+    watchdog._running_task = lambda: name
+
+
+def test_a_stall_passed_from_one_task_to_the_next_names_each_for_its_share(watchdog, caplog):
+    """The claim loop blocks (a slow import) and, without the loop ticking, the trigger it
+    started blocks next: the trigger is named for its own block, not hidden in the first."""
+    caplog.set_level(logging.WARNING, "celery_recovery.triggerer")
+    _running(watchdog, "the triggerer's claim loop")
+    watchdog.look(100.21)
+    watchdog.look(100.4)
+    _running(watchdog, "trigger 7 (Sleep)")
+    watchdog.look(100.45)  # the claim loop let go; the trigger's share is 0.05 s yet
+    assert "trigger 7 (Sleep) has blocked" not in caplog.text
+    watchdog.look(100.7)
+    assert "trigger 7 (Sleep) has blocked the triggerer's event loop for 0.30s" in caplog.text
+    watchdog.tick(100.0 + TICK + 1.2)  # the loop is free again after 1.2 s in all
+    watchdog.look(101.3)
+    assert watchdog.reported == [
+        ("the triggerer's claim loop", pytest.approx(0.4)),
+        ("trigger 7 (Sleep)", pytest.approx(0.8)),
+    ]
+
+
+def test_a_task_that_holds_a_stall_below_the_threshold_is_not_named(watchdog):
+    _running(watchdog, "the triggerer's claim loop")
+    watchdog.look(100.3)
+    _running(watchdog, "trigger 8 (Quick)")
+    watchdog.look(100.35)
+    _running(watchdog, "the triggerer's claim loop")
+    watchdog.look(100.4)
+    watchdog.tick(100.0 + TICK + 0.45)
+    watchdog.look(100.5)
+    # The claim loop's second turn (0.1 s) is under the threshold too.
+    assert watchdog.reported == [("the triggerer's claim loop", pytest.approx(0.3))]
