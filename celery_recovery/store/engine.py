@@ -18,6 +18,14 @@ from sqlalchemy.engine import URL, Engine, create_engine, make_url
 PG_CONNECT_TIMEOUT = 3
 #: Milliseconds one statement may take on PostgreSQL before it is cancelled.
 PG_STATEMENT_TIMEOUT_MS = 10_000
+#: Milliseconds a PostgreSQL session may sit inside an open transaction, doing
+#: nothing, before the server ends it.  Our transactions never span a publish, a
+#: callback or a task, so a session idle that long belongs to a process that is
+#: paused (SIGSTOP, a frozen VM) or starved: ending it frees the row locks that
+#: would otherwise hold its successor (a standby beat, a sweep) for the whole
+#: pause, and its transaction, when the process wakes, fails instead of
+#: committing a stale decision.
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 2_000
 #: Seconds SQLite waits for another process's write lock.
 SQLITE_BUSY_TIMEOUT = 30.0
 
@@ -35,7 +43,10 @@ def create_store_engine(
         return _sqlite_engine(parsed)
     connect_args: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT}
     if not for_migrations:
-        connect_args["options"] = f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}"
+        connect_args["options"] = (
+            f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS} "
+            f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+        )
     extra: dict[str, Any] = {}
     if autocommit:
         extra = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None}

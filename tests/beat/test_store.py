@@ -7,9 +7,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+from sqlalchemy import update
+from sqlalchemy.exc import DBAPIError
+
 from celery_recovery.beat.leadership import LEASE
 from celery_recovery.core.audit import AuditAction, AuditReason, beat_decision
 from celery_recovery.store import Fence, Store
+from celery_recovery.store.engine import create_store_engine
+from celery_recovery.store.schema import beat_entries
 
 T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 TTL = 5.0
@@ -81,6 +87,37 @@ def test_a_stale_token_claims_nothing_after_a_takeover(store):
     # The old leader wakes with its clock right, its lease row now someone else's.
     assert not store.beat.claim_run("e", T0, run, "id1", old, T0 + timedelta(seconds=1))
     assert store.beat.claim_run("e", T0, run, "id1", new, later)
+
+
+def test_a_leader_paused_inside_its_claim_neither_blocks_its_successor_nor_commits(pg_url):
+    store = Store(pg_url)
+    store.ensure_ready()
+    registered(store)
+    old = lead(store, "a", T0)
+    # The leader is stopped between the statements of a claim: its session sits in
+    # an open transaction with the entry's row locked.
+    paused = create_store_engine(pg_url).connect()
+    paused.begin()
+    paused.execute(
+        update(beat_entries)
+        .where(beat_entries.c.name == "e")
+        .values(pending_task_id="id1", pending_token=old.token)
+    )
+    try:
+        later = T0 + timedelta(seconds=TTL + 1)
+        new = lead(store, "b", later)
+        # The standby's claim gets the row once the server ends the idle session,
+        # instead of failing at the statement timeout (and again at every tick).
+        assert store.beat.claim_run("e", T0, T0 + timedelta(seconds=1), "id2", new, later)
+        # When the old leader wakes, its half-made claim cannot commit.
+        with pytest.raises(DBAPIError):
+            paused.commit()
+    finally:
+        paused.invalidate()
+        paused.close()
+    row = store.beat.entry("e")
+    assert (row["pending_task_id"], row["pending_token"]) == ("id2", new.token)
+    store.dispose()
 
 
 def test_the_next_leader_adopts_an_unsent_run_and_the_old_one_cannot_confirm_it(store):
