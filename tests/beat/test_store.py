@@ -96,14 +96,15 @@ def test_a_leader_paused_inside_its_claim_neither_blocks_its_successor_nor_commi
     old = lead(store, "a", T0)
     # The leader is stopped between the statements of a claim: its session sits in
     # an open transaction with the entry's row locked.
-    paused = create_store_engine(pg_url).connect()
-    paused.begin()
-    paused.execute(
-        update(beat_entries)
-        .where(beat_entries.c.name == "e")
-        .values(pending_task_id="id1", pending_token=old.token)
-    )
+    leader_engine = create_store_engine(pg_url)
+    paused = leader_engine.connect()
     try:
+        paused.begin()
+        paused.execute(
+            update(beat_entries)
+            .where(beat_entries.c.name == "e")
+            .values(pending_task_id="id1", pending_token=old.token)
+        )
         later = T0 + timedelta(seconds=TTL + 1)
         new = lead(store, "b", later)
         # The standby's claim gets the row once the server ends the idle session,
@@ -112,12 +113,13 @@ def test_a_leader_paused_inside_its_claim_neither_blocks_its_successor_nor_commi
         # When the old leader wakes, its half-made claim cannot commit.
         with pytest.raises(DBAPIError):
             paused.commit()
+        row = store.beat.entry("e")
+        assert (row["pending_task_id"], row["pending_token"]) == ("id2", new.token)
     finally:
         paused.invalidate()
         paused.close()
-    row = store.beat.entry("e")
-    assert (row["pending_task_id"], row["pending_token"]) == ("id2", new.token)
-    store.dispose()
+        leader_engine.dispose()
+        store.dispose()
 
 
 def test_the_next_leader_adopts_an_unsent_run_and_the_old_one_cannot_confirm_it(store):
