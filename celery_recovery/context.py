@@ -19,6 +19,7 @@ from celery_recovery.core.exclusions import Exclusions
 from celery_recovery.core.process_id import current_pid
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.result_backends import routes_replies
 from celery_recovery.runtime import ProcessRuntime
 from celery_recovery.store import Store
 
@@ -52,6 +53,18 @@ class RecoveryContext:
         self.worker_beat_duty: Callable[[str], Callable[[], None]] | None = None
         self._runtime: ProcessRuntime | None = None
         self._runtime_lock = threading.Lock()
+        self._routes_replies: bool | None = None
+
+    @property
+    def routes_replies(self) -> bool:
+        """Whether the app's result backend sends results to the caller's reply queue
+        (``rpc://``): a try's record then keeps that route (see
+        :mod:`celery_recovery.result_backends`).  Read once: the backend is set up
+        before tasks are published."""
+        routes = self._routes_replies
+        if routes is None:
+            routes = self._routes_replies = routes_replies(self.app.backend)
+        return routes
 
     @property
     def runtime(self) -> ProcessRuntime:

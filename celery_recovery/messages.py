@@ -20,6 +20,7 @@ from celery_recovery.core.process_id import HOSTNAME, current_pid
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import as_utc, from_timestamp
+from celery_recovery.result_backends import route_of, routes_replies
 from celery_recovery.store import EncodedJSON
 
 #: Largest encoded argument payload kept for re-publishing, in bytes.
@@ -197,23 +198,30 @@ def capture_publish(
     declare: Sequence[Any] | None,
     properties: Mapping[str, Any] | None,
     published: float,
+    keep_route: bool = False,
 ) -> PublishCapture | None:
     """What the ``queued`` record of a message about to be published needs (protocol 2),
     taken while the publisher waits: the arguments are encoded now, since the caller may
     change them once ``apply_async`` returns, and the headers are copied; the record is
-    built from this later by :func:`record_from_capture`, in the writer's thread."""
+    built from this later by :func:`record_from_capture`, in the writer's thread.
+
+    ``keep_route``: the result backend replies to the caller's queue (``rpc://``), so
+    the copy also keeps the message's ``reply_to`` and ``correlation_id``."""
     task_id, name = headers.get("id"), headers.get("task")
     if not task_id or not name or not isinstance(body, tuple | list) or len(body) != 3:
         return None
     args, kwargs, embed = body
     payload, reason = _encode_payload(args, kwargs, embed)
+    kept = dict(headers)
+    if keep_route and properties:
+        kept.update(route_of(properties.get("reply_to"), properties.get("correlation_id"), task_id))
     return (
         task_id,
         name,
         int(headers.get("retries") or 0),
         payload,
         reason,
-        dict(headers),
+        kept,
         exchange,
         routing_key,
         _queue_name(declare, exchange, routing_key),
@@ -269,7 +277,7 @@ def record_from_request(
         # The publisher's queued_at, to the microsecond: when this claim creates the try,
         # the publisher's later write changes no indexed column (a HOT update).
         record["queued_at"] = from_timestamp(published)
-    _set_request_message(record, request)
+    _set_request_message(record, request, routes_replies(getattr(task, "backend", None)))
     return record
 
 
@@ -285,8 +293,9 @@ def _running(task: Any, request: Any, now: datetime, job_id: str | None) -> dict
     return record
 
 
-def _set_request_message(record: dict[str, Any], request: Any) -> None:
-    """Set on ``record`` the message a running request came in: what publishes it again."""
+def _set_request_message(record: dict[str, Any], request: Any, keep_route: bool) -> None:
+    """Set on ``record`` the message a running request came in: what publishes it again
+    (with ``keep_route``, also where its result goes: see :func:`capture_publish`)."""
     delivery = request.delivery_info or {}
     payload, reason = _encode_payload(
         request.args,
@@ -298,13 +307,20 @@ def _set_request_message(record: dict[str, Any], request: Any) -> None:
             "chord": request.chord,
         },
     )
-    kept_headers, _ = encode_json(
-        {
-            name: value
-            for name in _REQUEST_HEADERS
-            if (value := getattr(request, name, None)) is not None
-        }
-    )
+    headers = {
+        name: value
+        for name in _REQUEST_HEADERS
+        if (value := getattr(request, name, None)) is not None
+    }
+    if keep_route:
+        headers.update(
+            route_of(
+                getattr(request, "reply_to", None),
+                getattr(request, "correlation_id", None),
+                request.id,
+            )
+        )
+    kept_headers, _ = encode_json(headers)
     routing_key = delivery.get("routing_key")
     exchange = delivery.get("exchange")
     eta, expires = request.eta, request.expires
@@ -397,11 +413,13 @@ def claim_from_request(
         republish_error=AWAITING_PUBLISHER,
     )
     if fresh:
-        record[COMPLETE_WHEN_WRITTEN] = partial(_add_message, request)
+        record[COMPLETE_WHEN_WRITTEN] = partial(
+            _add_message, request, routes_replies(getattr(task, "backend", None))
+        )
     return record
 
 
-def _add_message(request: Any, claim: dict[str, Any]) -> None:
+def _add_message(request: Any, keep_route: bool, claim: dict[str, Any]) -> None:
     """Give a fresh delivery's narrow claim its message, as the writer's thread takes it.
 
     Most tasks have ended by then (their outcome is folded into the claim): a try
@@ -414,7 +432,7 @@ def _add_message(request: Any, claim: dict[str, Any]) -> None:
     change in this copy, which only a republish after both losses would use.
     """
     if claim["state"] not in _ENDED_FOR_GOOD:
-        _set_request_message(claim, request)
+        _set_request_message(claim, request, keep_route)
 
 
 def try_number_of(request: Any) -> int:

@@ -11,11 +11,15 @@ from celery import Celery, states
 from celery.backends.base import BaseKeyValueStoreBackend
 
 from celery_recovery.core.states import DEFERRED_STATE
+from celery_recovery.result_backends import unaskable_because
 
 logger = logging.getLogger("celery_recovery.probe")
 
-#: Our state for "the backend could not be asked" (down, or none configured).
+#: Our state for "the backend did not answer" (down, or failing): asked again later.
 UNKNOWN = "UNKNOWN"
+#: Our state for "this kind of backend cannot answer for another process" (none is
+#: configured, or ``rpc://``): nothing is asked, and asking again would not help.
+UNASKABLE = "UNASKABLE"
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class Probe:
 def probe_many(app: Celery, task_ids: list[str]) -> dict[str, Probe]:
     """Probe several tasks, in one round trip where the backend allows (key-value stores)."""
     backend = app.backend
+    if unaskable_because(backend) is not None:
+        return {task_id: Probe(UNASKABLE) for task_id in task_ids}
     if len(task_ids) > 1 and isinstance(backend, BaseKeyValueStoreBackend):
         try:
             values = backend.mget([backend.get_key_for_task(t) for t in task_ids])
@@ -46,11 +52,11 @@ def probe_many(app: Celery, task_ids: list[str]) -> dict[str, Probe]:
 
 
 def probe(app: Celery, task_id: str) -> Probe:
-    """The backend's state of ``task_id``; :data:`UNKNOWN` when it cannot answer.
-
-    A disabled backend knows nothing, which is the same as ``PENDING``.
-    """
+    """The backend's state of ``task_id``; :data:`UNKNOWN` when it did not answer,
+    :data:`UNASKABLE` when it cannot answer for another process (none, ``rpc://``)."""
     backend = app.backend
+    if unaskable_because(backend) is not None:
+        return Probe(UNASKABLE)
     try:
         meta = backend.get_task_meta(task_id)
     except NotImplementedError:
@@ -80,13 +86,15 @@ def _from_meta(meta: dict[str, Any]) -> Probe:
 def never_started(seen: Probe, live: Mapping[tuple[Any, Any], Any]) -> bool:
     """Whether the backend's state leaves a queued try unstarted.
 
-    ``live`` holds the live worker jobs by (node name, pid).  ``PENDING``:
+    ``live`` holds the live worker jobs by (node name, pid).  :data:`UNASKABLE`:
+    nothing but the store can tell, and the store says queued (a try that may have
+    started with its claim lost runs again: at least once).  ``PENDING``:
     nothing ever started.  ``DEFERRED``: its trigger fired and the resume was
     published (a started resume stores ``STARTED``).  ``RETRY``: the earlier try
     retried and published this one (a start of this try would have stored
     ``STARTED``, or its signals would have claimed it).  ``STARTED`` by a
     process that is not a live worker: the earlier try, which died.
     """
-    if seen.state in (states.PENDING, states.RETRY, DEFERRED_STATE):
+    if seen.state in (UNASKABLE, states.PENDING, states.RETRY, DEFERRED_STATE):
         return True
     return seen.state == states.STARTED and (seen.hostname, seen.pid) not in live

@@ -2,8 +2,9 @@
 
 This follows Celery's own retry convention: same task id, ``retries`` one
 higher, the original queue or exchange and routing key, priority, ETA (while
-it is still ahead), linked callbacks, chain, chord, ``ignore_result`` and custom
-headers.  The arguments come from the record's JSON; nothing is unpickled.
+it is still ahead), linked callbacks, chain, chord, ``ignore_result``, custom
+headers, and the caller's reply route where the result backend needs it (``rpc://``).
+The arguments come from the record's JSON; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from celery import Celery
 from celery_recovery.core.timeutils import as_utc, utcnow
 from celery_recovery.dead_receives import delay_options
 from celery_recovery.messages import PROTOCOL_HEADERS
+from celery_recovery.result_backends import ROUTE_KEYS, publish_options
 
 #: Header our publish handler stamps; a republish gets a fresh one.
 PUBLISHED_AT_HEADER = "recovery_published_at"
@@ -38,7 +40,11 @@ def republish(
     :mod:`celery_recovery.dead_receives`)."""
     headers = dict(record.get("headers") or {})
     embed = (record.get("options") or {}).get("embed") or {}
-    custom = {k: v for k, v in headers.items() if k not in PROTOCOL_HEADERS and k not in _STAMPS}
+    custom = {
+        k: v
+        for k, v in headers.items()
+        if k not in PROTOCOL_HEADERS and k not in _STAMPS and k not in ROUTE_KEYS
+    }
     timelimit = headers.get("timelimit") or (None, None)
     eta = as_utc(record.get("eta"))
     options: dict[str, Any] = {
@@ -76,6 +82,8 @@ def republish(
         options.update({h: stamps.get(h) for h in stamped if h not in options})
         options["stamped_headers"] = stamped
     options = {k: v for k, v in options.items() if v is not None}
+    # The caller's reply queue (rpc://): without it the result would go to this process.
+    options.update(publish_options(headers))
     options.update(delay_options(broker_delay))
     return app.send_task(
         record["task_name"],

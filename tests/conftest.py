@@ -241,11 +241,28 @@ def broker() -> str:
 
 
 @pytest.fixture
+def result_backend() -> str:
+    """The result backend of the test's app and workers: ``redis`` (every test's unless it
+    parametrizes this), ``rpc`` (replies to the caller's queue), ``database``
+    (SQLAlchemy's, on PostgreSQL) or ``none`` (``result_backend`` unset)."""
+    return "redis"
+
+
+@pytest.fixture(scope="session")
+def pg_results_url() -> Iterator[str]:
+    """A PostgreSQL database of its own for Celery's database result backend."""
+    require("PostgreSQL", PG_ADMIN_URL, 5432)
+    url, drop = create_pg_database("celery_results_test")
+    yield "db+" + url
+    drop()
+
+
+@pytest.fixture
 def broker_urls(
-    broker: str, queue: str, request: pytest.FixtureRequest
+    broker: str, queue: str, result_backend: str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[str, str]]:
     """(broker, result backend): Redis for both, or RabbitMQ, SQS (moto's server) or the
-    filesystem transport with a Redis result backend."""
+    filesystem transport with a Redis result backend; ``result_backend`` picks another."""
     import redis
 
     redis_service = request.getfixturevalue("redis_service")
@@ -253,6 +270,14 @@ def broker_urls(
     # Tests reuse task ids such as "t1": a result one test stored (the sweep stores the
     # failures it decides) must not answer another test's probe of the backend.
     redis.Redis.from_url(backend).flushdb()
+    if result_backend == "rpc":
+        backend = "rpc://"
+    elif result_backend == "none":
+        backend = ""
+    elif result_backend == "database":
+        backend = request.getfixturevalue("pg_results_url")
+    else:
+        assert result_backend == "redis", result_backend
     if broker == "redis":
         yield f"{redis_service}/{BROKER_DB}", backend
         return
@@ -340,8 +365,9 @@ def app_env(
 
 
 def lock_settings(broker_urls: tuple[str, str]) -> dict[str, str]:
-    """Idempotency locks default to a Redis broker; with RabbitMQ they use the backend's Redis."""
-    return {} if broker_urls[0].startswith("redis") else {"redis_url": broker_urls[1]}
+    """Idempotency locks default to a Redis broker; with another they use the Redis database
+    of the tests' result backend (whatever backend the test's app has)."""
+    return {} if broker_urls[0].startswith("redis") else {"redis_url": f"{REDIS_URL}/{BACKEND_DB}"}
 
 
 @pytest.fixture

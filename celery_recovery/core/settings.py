@@ -62,6 +62,11 @@ DEFAULT_MAX_LOST_RUNS = 4
 DEFAULT_CALLBACK_TIMEOUT = 30.0
 #: Triggers one triggerer process runs at once.
 DEFAULT_TRIGGERER_CAPACITY = 1000
+#: What a sweep does with a dead worker's running try when nothing can tell whether it
+#: finished (no result backend, ``rpc://``, or a task that stores no result).
+DEFAULT_UNKNOWN_OUTCOME = "rerun"
+#: The values of recovery_unknown_outcome (and of the task attribute of that name).
+UNKNOWN_OUTCOME_ACTIONS = ("rerun", "fail")
 #: Timing preset whose values are the defaults of the timing settings.
 DEFAULT_PRESET = "default"
 #: Which liveness markers processes hold and sweeps check.
@@ -254,6 +259,11 @@ def _liveness_markers(key: str, value: Any) -> str:
 def _on_stalled(key: str, value: Any) -> str:
     """Action: ``report`` or ``exit``."""
     return _one_of(key, value, ON_STALLED_CONSUMER_ACTIONS, "an action")
+
+
+def unknown_outcome(key: str, value: Any) -> str:
+    """Action: ``rerun`` or ``fail``."""
+    return _one_of(key, value, UNKNOWN_OUTCOME_ACTIONS, "an action")
 
 
 def _database_url(key: str, value: Any) -> str:
@@ -464,6 +474,20 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "See docs/failure-modes.md.",
     ),
     SettingSpec(
+        "unknown_outcome",
+        DEFAULT_UNKNOWN_OUTCOME,
+        unknown_outcome,
+        "What a sweep does with a dead worker's running try when nothing can tell whether "
+        "it had finished: no result backend is configured, the backend is `rpc://` (which "
+        "answers only the caller), or the task stores no result (`ignore_result`). `rerun` "
+        "publishes it again, as the next try (at least once: a try that had finished just "
+        "before its worker died, its outcome not yet in the store, runs a second time); "
+        "`fail` fails it (`on_failure` and the failure listeners run), so it never runs "
+        "twice but may not run at all. A task attribute of the same name "
+        "(`@app.task(recovery_unknown_outcome='fail')`) overrides it for that task. A try "
+        "that never started is published again either way. See docs/backends.md.",
+    ),
+    SettingSpec(
         "callback_timeout",
         DEFAULT_CALLBACK_TIMEOUT,
         _duration,
@@ -596,6 +620,7 @@ class RecoverySettings:
     overdue_min_seconds: float = DEFAULT_OVERDUE_MIN_SECONDS
     max_republish: int = DEFAULT_MAX_REPUBLISH
     max_lost_runs: int = DEFAULT_MAX_LOST_RUNS
+    unknown_outcome: str = DEFAULT_UNKNOWN_OUTCOME
     callback_timeout: float = DEFAULT_CALLBACK_TIMEOUT
     triggerer_capacity: int = DEFAULT_TRIGGERER_CAPACITY
     trigger_allowed_modules: tuple[str, ...] | None = None

@@ -10,30 +10,47 @@ from celery_recovery.doctor.findings import Report, Severity
 
 NAME = "result backend"
 
-#: Backends a sweep in another process cannot read a task's state from.
-UNREADABLE = {
-    "disabled": "no result backend is configured",
-    "rpc": "the rpc:// backend sends each result to the process that sent the task only",
-}
 #: Names of tasks listed in a finding before "and N more".
 SHOWN_TASKS = 5
+#: How each finished task that must not run twice can say so, whatever the backend.
+_ONCE = (
+    "; for a task that must never run twice, recovery_unknown_outcome = 'fail' (or the "
+    "task attribute of that name), or @recoverable"
+)
 
 
 def check(d: Deployment, report: Report) -> None:
     url = d.backend_url
     scheme = (url or "disabled").partition("://")[0].lower()
     report.note(f"result_backend: {mask_url(url) if url else 'none'}")
-    if scheme in UNREADABLE:
+    if scheme == "disabled":
         report.found(
             "no-result-backend",
-            Severity.ERROR,
+            Severity.WARNING,
             "result_backend",
-            f"{UNREADABLE[scheme]}: a sweep cannot ask what became of a task whose worker "
-            "died, so a task that had finished is run again, and a task another worker "
-            "still runs is not adopted but run a second time.",
-            "app.conf.result_backend = 'redis://HOST:6379/1' (or any backend other "
-            "processes can read: 'db+postgresql://...'); with Redis, give it its own "
-            "database number",
+            "no result backend is configured, so a sweep cannot ask what became of a task "
+            "whose worker died. Recovery goes on from the store alone: a task that never "
+            "started is published again as always, but a running task of a dead worker is "
+            "run again even when it had finished just before the death (its outcome not yet "
+            "in the store), and a task another worker still runs is not adopted. Callers "
+            "have no result to wait for.",
+            "app.conf.result_backend = 'redis://HOST:6379/1' (or any backend other processes "
+            f"can read: 'db+postgresql://...'){_ONCE}",
+        )
+        return
+    if scheme == "rpc":
+        report.found(
+            "rpc-result-backend",
+            Severity.WARNING,
+            "result_backend",
+            "rpc:// sends each result only to the process that sent the task, so a sweep "
+            "cannot ask what became of a task whose worker died: a running task of a dead "
+            "worker is run again even when it had finished just before the death (its "
+            "outcome not yet in the store), and a task another worker still runs is not "
+            "adopted. Results still reach their caller after a recovery (a try published "
+            "again keeps the caller's reply queue), while the caller's process lives.",
+            "app.conf.result_backend = 'redis://HOST:6379/1' (or 'db+postgresql://...') where "
+            f"a second run costs more than a shared backend{_ONCE}",
         )
         return
     ignoring = [task.name for task in d.tasks if task.ignore_result]

@@ -64,7 +64,16 @@ def _stage(
     if exclusions and exclusions.message(str(sender), _routed_to(routing_key, declare)):
         return
     published = time.time()
-    capture = capture_publish(headers, body, exchange, routing_key, declare, properties, published)
+    capture = capture_publish(
+        headers,
+        body,
+        exchange,
+        routing_key,
+        declare,
+        properties,
+        published,
+        keep_route=context.routes_replies,
+    )
     if capture is None:
         return  # not a message we can record (protocol 1): no stamp either
     # Lets a worker tell an old message (maybe one the sweep replaced) from a fresh one

@@ -37,6 +37,7 @@ from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
 from celery_recovery.core.records import CallbackStep
+from celery_recovery.result_backends import caller_request
 from celery_recovery.sweeps.context import SweepContext
 
 logger = logging.getLogger("celery_recovery.callbacks")
@@ -116,7 +117,10 @@ def _deliver(ctx: SweepContext, row: Mapping[str, Any]) -> bool:
         # otherwise AsyncResult stays STARTED or PENDING and get() never returns.
         # A stored SUCCESS is never overwritten, so a late real outcome still wins.
         backend = ctx.app.backend
-        ok &= _run("result backend", timeout, backend.mark_as_failure, task_id, exc)
+        request = caller_request(task_id, payload.get("reply_route"))
+        ok &= _run(
+            "result backend", timeout, backend.mark_as_failure, task_id, exc, request=request
+        )
     if task is not None:
         handler = task.on_failure if kind == "failure" else task.on_retry
         if f"on_{kind}" not in done:

@@ -28,6 +28,7 @@ from celery_recovery.revocations import revoked_because
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.untold import untold_because
 
 
 def sweep_lost_messages(ctx: SweepContext) -> None:
@@ -82,11 +83,15 @@ def _handle(
     waited = int(ctx.settings.queued_timeout)
     since = _counted_from(record)
     publish_count = int(record.get("publish_count") or 1) + 1
+    lost = f"message lost: not started within {waited}s {since}"
+    untold = untold_because(ctx, record, seen)
+    if untold is not None:
+        lost = f"{lost} in the store's records; {untold}"
     result = reset(
         ctx,
         record,
         expected_state=TaskState.QUEUED,
-        why=f"message lost: not started within {waited}s {since}",
+        why=lost,
         count_retries=False,
         publish_count=publish_count,
     )

@@ -2,8 +2,10 @@
 
 Zombies, reserved messages of dead workers and lost messages are each found
 by one store query; the result backend is then asked about all of them in
-one round (a backend that cannot answer leaves every try undecided, counted
-as an error, never published blind), and each try is decided in isolation,
+one round (a backend that did not answer leaves every try undecided, counted
+as an error, never published blind; a kind of backend that cannot answer for
+another process, none or ``rpc://``, is not asked, and each step decides from
+the store alone: :mod:`celery_recovery.sweeps.untold`), and each try is decided in isolation,
 so one bad row never stops the others.  What a decision changed is counted
 after its commit, by the sweep that won it.
 """

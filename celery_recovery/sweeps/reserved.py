@@ -23,6 +23,7 @@ from celery_recovery.probe import Probe, never_started
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.untold import untold_because
 
 
 def sweep_reserved(ctx: SweepContext) -> None:
@@ -55,6 +56,9 @@ def _handle(
         return taken
     if not never_started(seen, live):
         return None  # started in a live worker: its own signals will catch up
+    untold = untold_because(ctx, record, seen)
+    if untold is not None:
+        why = f"{why} in the store's records; {untold}"
     result = reset(
         ctx,
         record,

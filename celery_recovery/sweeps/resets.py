@@ -19,6 +19,7 @@ from celery_recovery.core.states import TaskState
 from celery_recovery.dead_receives import republish_delay
 from celery_recovery.probe import Probe
 from celery_recovery.republish import republish
+from celery_recovery.result_backends import ROUTE_KEYS
 from celery_recovery.store import MESSAGE_COLUMNS, unreadable
 from celery_recovery.sweeps.context import SweepContext
 
@@ -80,18 +81,22 @@ def reset(
     publish_count: int = 1,
     cause: AuditReason | None = None,
     retry_limit: int | None = None,
+    give_up: str | None = None,
 ) -> str:
     """Retry or fail one try; returns a :class:`SweepOutcome`: republished, failed or lost race.
 
     ``cause`` names the audit reason when the try's state does not tell it (a hung try);
-    ``retry_limit`` bounds the retries of a task whose ``max_retries`` is None.
+    ``retry_limit`` bounds the retries of a task whose ``max_retries`` is None;
+    ``give_up`` fails the try for that reason instead of running it again.
     """
     try_number = int(record["try_number"])
     max_retries = max_retries_of(ctx, record["task_name"])
     bound = f"max_retries ({max_retries})"
     if max_retries is None and retry_limit is not None:
         max_retries, bound = retry_limit, f"the poison bound ({retry_limit} retries)"
-    if unreadable(*(record.get(c) for c in _PAYLOAD_COLUMNS)):
+    if give_up is not None:
+        new_state, reason = TaskState.FAILED, f"{why}; {give_up}"
+    elif unreadable(*(record.get(c) for c in _PAYLOAD_COLUMNS)):
         new_state = TaskState.FAILED
         reason = f"{why}; its stored message is not valid JSON, so it is not published again"
     elif not record.get("republishable", True):
@@ -171,6 +176,12 @@ def _cause(expected_state: TaskState, record: Mapping[str, Any]) -> AuditReason:
 def _callback_row(
     ctx: SweepContext, record: Mapping[str, Any], new_state: TaskState, reason: str
 ) -> dict[str, Any]:
+    headers = record.get("headers")
+    route = (
+        {k: headers[k] for k in ROUTE_KEYS if headers.get(k)}
+        if isinstance(headers, Mapping)
+        else {}
+    )
     return {
         "task_id": record["task_id"],
         "try_number": int(record["try_number"]),
@@ -182,6 +193,8 @@ def _callback_row(
             "kwargs": _readable(record.get("kwargs"), {}),
             "job_id": record.get("job_id"),
             "hostname": record.get("job_hostname") or record.get("worker_hostname"),
+            # Where the failure reaches the caller when the backend replies to it (rpc://).
+            **({"reply_route": route} if route else {}),
         },
         "created_at": ctx.now,
     }

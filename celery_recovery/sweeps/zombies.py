@@ -24,6 +24,7 @@ from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.untold import fails_when_untold, untold_because
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -115,5 +116,20 @@ def _handle(
             f"{zombie.get('job_pid')}) last heartbeat {zombie.get('job_heartbeat')}"
         )
         dead_job = job_id
-    result = reset(ctx, zombie, expected_state=TaskState.RUNNING, why=why, dead_job_id=dead_job)
+    give_up = None
+    untold = untold_because(ctx, zombie, seen)
+    if untold is not None:
+        why = f"{why}; {untold}"
+        if fails_when_untold(ctx, zombie["task_name"]):
+            give_up = "not run again: recovery_unknown_outcome is 'fail'"
+        else:
+            why = f"{why}, so it runs again in case it had not finished"
+    result = reset(
+        ctx,
+        zombie,
+        expected_state=TaskState.RUNNING,
+        why=why,
+        dead_job_id=dead_job,
+        give_up=give_up,
+    )
     return count_reset(ctx, result, "republished")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import states
+from celery.app.task import Context
 
 from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
@@ -26,6 +27,7 @@ from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER, resume_header
 from celery_recovery.republish import republish
+from celery_recovery.result_backends import caller_request
 from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing
 from celery_recovery.triggers.base import TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 from celery_recovery.triggers.loading import check_json
@@ -164,9 +166,11 @@ class OutcomeApplier:
                 if record is not None:
                     republish(app, record, int(row["try_number"]))
             elif outcome.kind == SUCCESS:
-                app.backend.store_result(task_id, outcome.payload, states.SUCCESS)
+                request = self._caller_request(task_id, int(row["try_number"]))
+                app.backend.store_result(task_id, outcome.payload, states.SUCCESS, request=request)
             else:
-                app.backend.mark_as_failure(task_id, _exception(outcome.payload))
+                request = self._caller_request(task_id, int(row["try_number"]))
+                app.backend.mark_as_failure(task_id, _exception(outcome.payload), request=request)
         except Exception as exc:
             if outcome.kind == RESUME:
                 # The try is queued: the lost-message sweep publishes it when overdue.
@@ -185,6 +189,16 @@ class OutcomeApplier:
             )
             return False
         return True
+
+    def _caller_request(self, task_id: str, try_number: int) -> Context | None:
+        """Where the outcome reaches the caller, when the backend replies to it (rpc://):
+        the route its try's record keeps; None for a backend that stores by task id."""
+        if not self.context.routes_replies:
+            return None
+        for record in self.store.tries.history(task_id):
+            if record["try_number"] == try_number and isinstance(record.get("headers"), dict):
+                return caller_request(task_id, record["headers"])
+        return None
 
     def _finish(self, outcome: Outcome) -> Finish:
         row = outcome.row

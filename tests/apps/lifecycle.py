@@ -233,6 +233,16 @@ def _register_tasks(app: Celery) -> None:
         _append(ledger, f"done try={try_number} pid={os.getpid()}")
         return try_number
 
+    @app.task(shared=False, name="lifecycle.slow_first_start", bind=True)
+    def slow_first_start(self, ledger, seconds, later_seconds):
+        """Sleeps ``seconds`` on its first start and ``later_seconds`` on any later one,
+        whatever the try: a redelivery of the same try after a kill is quick too."""
+        first = not os.path.exists(ledger)
+        _append(ledger, f"start try={self.request.retries + 1} pid={os.getpid()}")
+        time.sleep(seconds if first else later_seconds)
+        _append(ledger, f"done try={self.request.retries + 1} pid={os.getpid()}")
+        return seconds
+
     # A pool process killed mid-task: Celery's three ways of handling it.
     for suffix, options in (
         ("", {}),

@@ -70,12 +70,25 @@ def test_accepted_thresholds_shorter_than_a_pause(sqlite_url):
     )
 
 
-@pytest.mark.parametrize("backend", [None, "disabled", "rpc://"])
-def test_no_result_backend_a_sweep_can_read(sqlite_url, backend):
+@pytest.mark.parametrize("backend", [None, "disabled"])
+def test_no_result_backend_is_named_with_what_recovery_cannot_do(sqlite_url, backend):
     missing = finding(run(plain_app(sqlite_url, backend=backend)), "no-result-backend")
-    assert missing.severity is Severity.ERROR
+    assert missing.severity is Severity.WARNING
     assert "cannot ask what became of a task" in missing.problem
+    assert "published again as always" in missing.problem
+    assert "is run again even when it had finished" in missing.problem
     assert missing.fix.startswith("app.conf.result_backend = ")
+    assert "recovery_unknown_outcome = 'fail'" in missing.fix
+
+
+def test_the_rpc_backend_is_named_with_its_limits(sqlite_url):
+    report = run(plain_app(sqlite_url, backend="rpc://"))
+    rpc = finding(report, "rpc-result-backend")
+    assert rpc.severity is Severity.WARNING
+    assert "only to the process that sent the task" in rpc.problem
+    assert "is not adopted" in rpc.problem
+    assert "Results still reach their caller after a recovery" in rpc.problem
+    assert "no-result-backend" not in ids(report)
 
 
 def test_ignored_results(sqlite_url):

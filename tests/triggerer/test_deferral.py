@@ -10,12 +10,21 @@ from celery_recovery import DEFERRED_STATE, TaskState
 from tests.sweeps.helpers import ledger_lines
 from tests.workers import wait_for
 
+#: Every store on the tests' Redis backend, and rpc:// (whose results go to the caller's
+#: own queue: the triggerer must send them there) on one store.
+BACKENDS = pytest.mark.parametrize(
+    "store_url,result_backend",
+    [("sqlite", "redis"), ("postgresql", "redis"), ("postgresql", "rpc")],
+    indirect=["store_url"],
+)
+
 
 def _state(store, task_id: str) -> str | None:
     tries = store.tries.history(task_id)
     return tries[-1]["state"] if tries else None
 
 
+@BACKENDS
 def test_trigger_event_resumes_the_task_in_its_method(
     client_app, store, start_worker, start_triggerer, tmp_path
 ):
@@ -74,6 +83,7 @@ def test_a_lost_resume_message_is_published_again_and_resumes(
     assert "message lost" in tries[0]["state_reason"]
 
 
+@BACKENDS
 def test_task_success_event_completes_the_task_with_no_worker(
     client_app, store, start_worker, start_triggerer
 ):
