@@ -60,7 +60,9 @@ class Recovery:
                 )
             return
         settings = RecoverySettings.from_app(app, **overrides)
-        self.context = context = RecoveryContext(app, settings, Store(settings.database_url))
+        self.context = context = RecoveryContext(
+            app, settings, Store(settings.database_url, settings.database_pooler)
+        )
         context.worker_beat_duty = functools.partial(SweepFallback, context)
         setattr(app, _ATTRIBUTE, self)
         install(context)

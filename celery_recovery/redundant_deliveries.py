@@ -44,10 +44,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from celery_recovery.core.audit import stale_delivery
+from celery_recovery.core.audit import retry_never_sent, stale_delivery
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
-from celery_recovery.core.states import FINISHED_TASK_STATES, JobState, TaskState
+from celery_recovery.core.states import (
+    FINISHED_TASK_STATES,
+    RETRY_RECONCILED_REASON,
+    JobState,
+    TaskState,
+)
 from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deferral import RESUME_HEADER
@@ -108,6 +113,22 @@ def drop_if_redundant(
         state = finished_state(context.app, task_id)
         if state is not None:
             why = Redundant(f"sent again by a new run of its publisher; it already ran ({state})")
+    if why is None and _retry_never_sent(view, try_number):
+        reason = (
+            f"its own message came back and no try {try_number + 1} was ever recorded: "
+            "the retry the result backend read was never sent; run"
+        )
+        audit = retry_never_sent(task.name, task_id, try_number, reason, view)
+        try:
+            runtime.store.tries.reopen_retry_never_sent(
+                task_id, try_number, reason, utcnow(), audit
+            )
+        except StoreError as exc:
+            runtime.health.record_failure(exc, f"reopening {task_id}")
+            return False
+        logger.warning(
+            "celery-recovery: running %s[%s] try %d: %s", task.name, task_id, try_number, reason
+        )
     if why is None:
         try:
             if runtime.store.tries.mark_running(
@@ -179,12 +200,27 @@ class Redundant:
     owner_may_be_dead: bool = False
 
 
+def _retry_never_sent(view: dict[str, Any], try_number: int) -> bool:
+    """The try is ``up_for_retry`` only because a sweep read RETRY in the result backend,
+    and no later try was ever recorded: its retry never came (Celery 5.5.3 stores RETRY
+    on a cold shutdown without sending one), so this delivery is the way forward.  A
+    real retry's next try is recorded long before: the sweep decided a zombie threshold
+    after the worker's last heartbeat."""
+    return (
+        view["state"] == TaskState.UP_FOR_RETRY
+        and view.get("state_reason") == RETRY_RECONCILED_REASON
+        and view["latest"] == try_number
+    )
+
+
 def _redundant_because(view: dict[str, Any], try_number: int, fresh: float) -> Redundant | None:
     state = view["state"]
     if view["latest"] > try_number:
         return Redundant(f"superseded by try {view['latest']}")
     if state == TaskState.REVOKED and view.get("recovered_at") is not None:
         return None  # a sweep's presumption from a revoke or purge: the delivery proves it wrong
+    if _retry_never_sent(view, try_number):
+        return None
     if state in FINISHED_TASK_STATES:
         return Redundant(f"the try is already {state}")
     if state == TaskState.DEFERRED:

@@ -27,11 +27,14 @@ from tests.services import (
     BACKEND_DB,
     BROKER_DB,
     PG_ADMIN_URL,
+    PGBOUNCER_OPTIONS_IGNORED,
+    PGBOUNCER_STOCK,
     RABBITMQ_URL,
     REDIS_URL,
     SQS_ENVIRONMENT,
     create_pg_database,
     require,
+    start_pgbouncer,
     start_sqs_server,
 )
 from tests.workers import ROOT, WorkerProcess
@@ -155,6 +158,45 @@ def pg_url(pg_database_url: str) -> str:
     return pg_database_url
 
 
+def _pgbouncer(ignore_startup_parameters: str) -> Iterator[int]:
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="celery-recovery-pgbouncer-")
+    port, stop = start_pgbouncer(folder, ignore_startup_parameters)
+    yield port
+    stop()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_port() -> Iterator[int]:
+    """PgBouncer in transaction mode with the configuration most guides give, for the
+    session, in front of the tests' PostgreSQL."""
+    require("PostgreSQL", PG_ADMIN_URL, 5432)
+    yield from _pgbouncer(PGBOUNCER_STOCK)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_lenient_port() -> Iterator[int]:
+    """The same, with ``options`` accepted and dropped."""
+    require("PostgreSQL", PG_ADMIN_URL, 5432)
+    yield from _pgbouncer(PGBOUNCER_OPTIONS_IGNORED)
+
+
+def through_port(url: str, port: int) -> str:
+    """``url`` with its port replaced: the same database through a pooler."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(port=port).render_as_string(hide_password=False)
+
+
+@pytest.fixture
+def pgbouncer_url(pg_url: str, pgbouncer_port: int) -> str:
+    """The session's PostgreSQL store, emptied for this test, through PgBouncer."""
+    return through_port(pg_url, pgbouncer_port)
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'recovery.sqlite3'}"
@@ -199,8 +241,10 @@ def _store_of(item: pytest.Item) -> str | None:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request: pytest.FixtureRequest) -> str:
-    """Each store test runs on the embedded SQLite default and on PostgreSQL."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    """Each store test runs on the embedded SQLite default and on PostgreSQL; a test may
+    also ask for ``pgbouncer`` (PostgreSQL through PgBouncer in transaction mode)."""
+    fixture = {"sqlite": "sqlite_url", "postgresql": "pg_url", "pgbouncer": "pgbouncer_url"}
+    return request.getfixturevalue(fixture[request.param])
 
 
 @pytest.fixture

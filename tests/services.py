@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -126,3 +127,75 @@ def start_sqs_server(log_path: str) -> tuple[str, Callable[[], None]]:
         time.sleep(0.1)
     user, password = SQS_ENVIRONMENT["AWS_ACCESS_KEY_ID"], SQS_ENVIRONMENT["AWS_SECRET_ACCESS_KEY"]
     return f"sqs://{user}:{password}@127.0.0.1:{port}", stop
+
+
+#: PgBouncer as most guides configure it: transaction pooling, and only the startup
+#: parameter that JDBC drivers send ignored (it refuses ``options``).
+PGBOUNCER_STOCK = "extra_float_digits"
+#: The workaround a user of an older celery-recovery found: ``options`` accepted and
+#: dropped (the timeouts it carried are then silently lost).
+PGBOUNCER_OPTIONS_IGNORED = "extra_float_digits,options"
+
+
+def start_pgbouncer(folder: str, ignore_startup_parameters: str) -> tuple[int, Callable[[], None]]:
+    """Debian's PgBouncer in transaction mode on 127.0.0.1 on a free port, in front of the
+    tests' PostgreSQL: its port, and a function that stops it.
+
+    Locally a missing ``pgbouncer`` skips the pooler's tests; in CI (``.ci/run`` installs
+    it) it fails them."""
+    import shutil
+
+    binary = shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+    )
+    if binary is None:
+        message = "pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    pg = urlparse(PG_ADMIN_URL.replace("+psycopg", ""))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.makedirs(folder, exist_ok=True)
+    config = os.path.join(folder, "pgbouncer.ini")
+    with open(os.path.join(folder, "users.txt"), "w") as users:
+        users.write(f'"{pg.username}" ""\n')
+    with open(config, "w") as ini:
+        ini.write(
+            f"[databases]\n* = host={pg.hostname} port={pg.port or 5432}\n\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {folder}/users.txt\n"
+            "pool_mode = transaction\n"
+            f"ignore_startup_parameters = {ignore_startup_parameters}\n"
+            "max_client_conn = 1000\ndefault_pool_size = 40\n"
+            f"logfile = {folder}/pgbouncer.log\n"
+        )
+    os.chmod(folder, 0o777)
+    for name in os.listdir(folder):
+        os.chmod(os.path.join(folder, name), 0o666)
+    # PgBouncer refuses to run as root: as root (CI), it runs as PostgreSQL's own user.
+    command = [binary, *(["-u", "postgres"] if os.geteuid() == 0 else []), config]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    deadline = time.monotonic() + 20
+    while not answering(f"postgresql://127.0.0.1:{port}", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            log = os.path.join(folder, "pgbouncer.log")
+            text = Path(log).read_text()[-2000:] if os.path.exists(log) else ""
+            pytest.fail(f"PgBouncer did not start on port {port}:\n{text}")
+        time.sleep(0.05)
+    return port, stop

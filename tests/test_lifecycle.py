@@ -22,7 +22,17 @@ def final_tries(store: Store, task_id: str, count: int = 1, timeout: float = 15.
     return wait_for(finished, timeout, what=f"{count} finished tries of {task_id}")
 
 
-@pytest.mark.parametrize("pool", ["prefork", "solo"])
+@pytest.mark.parametrize(
+    "store_url,pool",
+    [
+        ("sqlite", "prefork"),
+        ("sqlite", "solo"),
+        ("postgresql", "prefork"),
+        ("postgresql", "solo"),
+        ("pgbouncer", "prefork"),  # the store through PgBouncer in transaction mode
+    ],
+    indirect=["store_url"],
+)
 def test_successful_task_goes_queued_running_success(client_app, store, start_worker, pool):
     worker = start_worker(pool=pool, concurrency=1 if pool == "solo" else 2)
     result = client_app.send_task("lifecycle.add", (2, 3))

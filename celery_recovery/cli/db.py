@@ -44,7 +44,9 @@ def db_upgrade(ctx: click.Context, revision: str) -> None:
       celery-recovery --database-url postgresql+psycopg://db/recovery db upgrade
     """
     settings = settings_of(ctx)
-    engine = create_store_engine(settings.database_url, for_migrations=True)
+    engine = create_store_engine(
+        settings.database_url, for_migrations=True, pooler=settings.database_pooler
+    )
     try:
         before = current_revision(engine)
         upgrade(engine, revision)
@@ -69,7 +71,7 @@ def db_current(ctx: click.Context) -> None:
       celery-recovery db current
     """
     settings = settings_of(ctx)
-    store = Store(settings.database_url)
+    store = Store(settings.database_url, settings.database_pooler)
     try:
         current = current_revision(store.engine)
     except Exception as exc:

@@ -79,7 +79,7 @@ def store_of(ctx: click.Context) -> Iterator[tuple[Store, RecoverySettings]]:
     A store error (unreachable, schema missing) becomes a :class:`CLIError`.
     """
     settings = settings_of(ctx)
-    store = Store(settings.database_url)
+    store = Store(settings.database_url, settings.database_pooler)
     try:
         yield store, settings
     except RecoveryError as exc:

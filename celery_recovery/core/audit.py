@@ -38,6 +38,9 @@ class AuditAction(StrEnum):
     REVOKED = "revoked"
     #: A delivery of a try that was superseded, finished or running elsewhere: not run.
     DROPPED = "dropped"
+    #: A delivery of a try a sweep had given up on as retried, whose retry never came:
+    #: run after all.
+    DELIVERY_RUN = "delivery_run"
     #: ``on_failure``/``on_retry`` and listeners ran from the outbox.
     CALLBACK_DELIVERED = "callback_delivered"
     #: A callback from the outbox raised or timed out (run once, not again).
@@ -182,6 +185,18 @@ def stale_delivery(
     actor = f"{socket.gethostname()}:{os.getpid()}"
     dropped, stale = AuditAction.DROPPED, AuditReason.STALE_DELIVERY
     return Decision.of(utcnow(), dropped, stale, record, why, actor)
+
+
+def retry_never_sent(
+    task_name: str, task_id: str, try_number: int, why: str, view: Mapping[str, Any]
+) -> Decision:
+    """A worker runs a delivery of a try the sweep had made ``up_for_retry`` from the
+    backend's RETRY, no later try having been recorded (``view``: the store's view)."""
+    record = {**view, "task_id": task_id, "try_number": try_number, "task_name": task_name}
+    actor = f"{socket.gethostname()}:{os.getpid()}"
+    return Decision.of(
+        utcnow(), AuditAction.DELIVERY_RUN, AuditReason.MESSAGE_LOST, record, why, actor
+    )
 
 
 def beat_decision(

@@ -128,6 +128,9 @@ class ResetPlan:
     dead_job_id: str | None = None
     #: The audit row, written only when the reset wins.
     audit: Decision | None = None
+    #: The try's reason must still be this one (a reset that leaves its state as it
+    #: was: only the first of two sweeps wins it).
+    expected_reason: str | None = None
 
 
 class JobRow(TypedDict, total=False):

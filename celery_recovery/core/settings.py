@@ -67,6 +67,10 @@ DEFAULT_TRIGGERER_CAPACITY = 1000
 DEFAULT_UNKNOWN_OUTCOME = "rerun"
 #: The values of recovery_unknown_outcome (and of the task attribute of that name).
 UNKNOWN_OUTCOME_ACTIONS = ("rerun", "fail")
+#: How the store learns whether a transaction-mode pooler (PgBouncer) stands in front.
+DEFAULT_DATABASE_POOLER = "auto"
+#: The values of recovery_database_pooler.
+DATABASE_POOLER_MODES = ("auto", "none", "transaction")
 #: Timing preset whose values are the defaults of the timing settings.
 DEFAULT_PRESET = "default"
 #: Which liveness markers processes hold and sweeps check.
@@ -261,6 +265,11 @@ def _on_stalled(key: str, value: Any) -> str:
     return _one_of(key, value, ON_STALLED_CONSUMER_ACTIONS, "an action")
 
 
+def _database_pooler(key: str, value: Any) -> str:
+    """Pooler mode: ``auto``, ``none`` or ``transaction``."""
+    return _one_of(key, value, DATABASE_POOLER_MODES, "a pooler mode")
+
+
 def unknown_outcome(key: str, value: Any) -> str:
     """Action: ``rerun`` or ``fail``."""
     return _one_of(key, value, UNKNOWN_OUTCOME_ACTIONS, "an action")
@@ -352,6 +361,20 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "Redis for `@recoverable` idempotency locks, fencing tokens and remembered results. "
         "Defaults to the broker URL when the broker is Redis; with another broker, "
         "`@recoverable` tasks need it set. Unused when no task is `@recoverable`.",
+    ),
+    SettingSpec(
+        "database_pooler",
+        DEFAULT_DATABASE_POOLER,
+        _database_pooler,
+        "Whether the PostgreSQL store is reached through a pooler in transaction mode "
+        "(PgBouncer, Odyssey, PgCat, Supavisor, RDS Proxy), which gives each transaction "
+        "another server session: `auto` finds out once per process tree (a pooler answers "
+        "the connection with a backend process id of its own making), `transaction` says "
+        "there is one, `none` that there is none. Behind one, no session state is relied "
+        "on: timeouts are set per transaction (`SET LOCAL`) instead of as startup options, "
+        "psycopg prepares no statement on the server, and processes hold no advisory-lock "
+        "liveness marker (the process marker is used). See "
+        "docs/tuning.md#connections-and-poolers.",
     ),
     SettingSpec(
         "heartbeat_interval",
@@ -520,9 +543,10 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "judged by the threshold. "
         "`auto`: a PostgreSQL advisory lock on a connection of its own (one per worker, beat "
         "and triggerer, when the store is PostgreSQL) and the process id with its start time "
-        "(checked by a sweep on the same host). `process`: the second only (use it behind "
-        "PgBouncer in transaction mode, which cannot hold session locks). `off`: heartbeats "
-        "alone. See docs/failure-modes.md.",
+        "(checked by a sweep on the same host). `process`: the second only. Behind a "
+        "transaction-mode pooler (see `recovery_database_pooler`) `auto` holds no lock: a "
+        "session lock cannot be held there. `off`: heartbeats alone. See "
+        "docs/failure-modes.md.",
     ),
     SettingSpec(
         "beat_catch_up_window",
@@ -607,6 +631,7 @@ class RecoverySettings:
 
     database_url: str = field(default=DEFAULT_DATABASE_URL, repr=False)
     redis_url: str | None = field(default=None, repr=False)
+    database_pooler: str = DEFAULT_DATABASE_POOLER
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     zombie_threshold: float = DEFAULT_ZOMBIE_THRESHOLD
     health_check_threshold: float = DEFAULT_HEALTH_CHECK_THRESHOLD

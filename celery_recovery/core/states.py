@@ -25,6 +25,11 @@ FINISHED_TASK_STATES = frozenset(
 #: Result-backend state of a task waiting for its trigger.
 DEFERRED_STATE = "DEFERRED"
 
+#: Why a zombie became ``up_for_retry`` when the result backend read RETRY: its worker
+#: had retried it (and published the next try) before it was lost.  A next try that
+#: never appears makes it a dead end, which the retries-never-sent step ends.
+RETRY_RECONCILED_REASON = "reconciled: the worker had retried it before it was lost"
+
 #: Why a try whose body never ran is queued again (Celery failed before the body,
 #: e.g. the result backend refused ``STARTED``): the lost-message sweep sends it again,
 #: whatever failure Celery stored about its own start meanwhile.

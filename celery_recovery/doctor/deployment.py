@@ -196,7 +196,7 @@ class Deployment:
             path = sqlite_path(url)
             if path is not None and not path.exists():
                 return None
-            self._own_store = Store(url)
+            self._own_store = Store(url, values.get("database_pooler") or "auto")
         return self._own_store
 
     @property

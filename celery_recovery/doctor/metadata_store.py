@@ -43,6 +43,10 @@ def check(d: Deployment, report: Report) -> None:
         f"store {where}: {len(live)} live jobs on {len(hosts)} host(s)"
         + (f" ({', '.join(hosts)})" if hosts else "")
     )
+    try:
+        _connections(store, where, len(live), report)
+    except StoreError as exc:
+        report.cannot_tell(NAME, where, f"could not read its connections: {mask_secrets(str(exc))}")
     if sqlite_path(url) is not None and len(hosts) > 1:
         report.found(
             "sqlite-several-hosts",
@@ -67,3 +71,40 @@ def _live_jobs(d: Deployment, store: Store) -> list:
     ):
         live.extend(store.jobs.live_jobs(now, threshold, job_type))
     return live
+
+
+#: Store connections one live job may hold at once (docs/tuning.md's connection table):
+#: its engine's pool and, on PostgreSQL reached directly, its single-statement pool.
+CONNECTIONS_PER_JOB = 3
+#: Share of the server's connections past which the doctor warns.
+CONNECTIONS_SHARE = 0.8
+
+
+def _connections(store: Store, where: str, live_jobs: int, report: Report) -> None:
+    """Say whether a pooler stands in front, and whether the fleet fits the server."""
+    use = store.db.connection_use()
+    if use is None:
+        return
+    open_now, allowed = use
+    if store.db.behind_pooler:
+        report.note(
+            f"store {where}: reached through a transaction-mode pooler (PgBouncer or "
+            "alike): timeouts are set per transaction, psycopg prepares no statement on "
+            "the server, and processes hold no advisory-lock marker (a dead process is "
+            "found by its process marker on its own host, else by its heartbeat)"
+        )
+    report.note(f"store {where}: {open_now} server connections open of {allowed} allowed")
+    needed = live_jobs * CONNECTIONS_PER_JOB
+    if store.db.behind_pooler or max(open_now, needed) < CONNECTIONS_SHARE * allowed:
+        return
+    report.found(
+        "store-connections",
+        Severity.WARNING,
+        where,
+        f"{live_jobs} live jobs may hold up to {needed} store connections "
+        f"({CONNECTIONS_PER_JOB} each) and {open_now} are open now, against the "
+        f"{allowed} the server allows: past it new processes cannot record anything, "
+        "and neither can the sweeps (the user's tasks still run, unrecorded).",
+        "put a transaction-mode pooler in front of the store (PgBouncer: docs/tuning.md "
+        "gives a configuration), or raise max_connections",
+    )

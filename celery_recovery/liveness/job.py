@@ -8,14 +8,26 @@ from sqlalchemy.engine import make_url
 
 from celery_recovery.liveness import postgres
 from celery_recovery.liveness.process import process_marker
+from celery_recovery.store import behind_pooler
 
 
 def uses_lock_marker(settings: Any) -> bool:
-    """Whether processes hold, and sweeps check, the PostgreSQL advisory lock marker."""
-    return (
-        settings.liveness_markers == "auto"
-        and make_url(settings.database_url).get_backend_name() == "postgresql"
-    )
+    """Whether processes hold, and sweeps check, the PostgreSQL advisory lock marker.
+
+    Not behind a transaction-mode pooler: a session lock would stay with a server
+    session the pooler hands to others.  A store that cannot be reached to find out
+    gets no lock either (the process marker and the heartbeat judge this process)."""
+    if (
+        settings.liveness_markers != "auto"
+        or make_url(settings.database_url).get_backend_name() != "postgresql"
+    ):
+        return False
+    try:
+        return not behind_pooler(
+            settings.database_url, getattr(settings, "database_pooler", "auto")
+        )
+    except Exception:
+        return False
 
 
 def start_lock_marker(settings: Any, label: str) -> None:

@@ -6,6 +6,7 @@ the schema are the store's own.
 
 from celery_recovery.store.beat import BEAT_LEASE, Fence
 from celery_recovery.store.claims import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
+from celery_recovery.store.engine import behind_pooler
 from celery_recovery.store.retention import RETENTION_TABLES
 from celery_recovery.store.schema import EncodedJSON, unreadable
 from celery_recovery.store.store import Store
@@ -29,5 +30,6 @@ __all__ = [
     "Finish",
     "Firing",
     "Store",
+    "behind_pooler",
     "unreadable",
 ]

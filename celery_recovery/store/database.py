@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, Program
 
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
 from celery_recovery.core.urls import mask_secrets, mask_url
-from celery_recovery.store.engine import create_store_engine
+from celery_recovery.store.engine import behind_pooler, create_store_engine
 from celery_recovery.store.forks import ForkGate
 from celery_recovery.store.migrate import ensure_schema
 
@@ -27,8 +27,10 @@ from celery_recovery.store.migrate import ensure_schema
 class Database:
     """The metadata store's database at one URL."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pooler: str = "auto") -> None:
         self.url = url
+        #: ``recovery_database_pooler``: how to know whether a pooler stands in front.
+        self.pooler = pooler
         self._engine: Engine | None = None
         self._autocommit_engine: Engine | None = None
         self._pid = 0
@@ -50,10 +52,12 @@ class Database:
                     for inherited in (self._engine, self._autocommit_engine):
                         if inherited is not None:
                             inherited.dispose(close=False)
-                    self._engine = create_store_engine(self.url)
+                    self._engine = create_store_engine(self.url, pooler=self.pooler)
                     self._autocommit_engine = None
                     if self._engine.dialect.name == "postgresql":
-                        self._autocommit_engine = create_store_engine(self.url, autocommit=True)
+                        self._autocommit_engine = create_store_engine(
+                            self.url, autocommit=True, pooler=self.pooler
+                        )
                     self._pid = pid
                     self._ready = False
         return self._engine
@@ -94,12 +98,35 @@ class Database:
         with self._gate.using():
             self._ensure_ready()
             autocommit = self._autocommit_engine
-            if autocommit is None:
+            # Behind a pooler a statement's timeout is set in its transaction (SET LOCAL).
+            if autocommit is None or self.behind_pooler:
                 with self.translate_errors(), self.engine.begin() as conn:
                     yield conn
                 return
             with self.translate_errors(), autocommit.connect() as conn:
                 yield conn
+
+    @property
+    def behind_pooler(self) -> bool:
+        """Whether the store is reached through a transaction-mode pooler (known once a
+        connection was made; asks on a connection of its own before that)."""
+        if self.dialect != "postgresql":
+            return False
+        with self.translate_errors():
+            return behind_pooler(self.url, self.pooler)
+
+    def connection_use(self) -> tuple[int, int] | None:
+        """(server sessions now open to this database, the connections the server allows
+        clients: ``max_connections`` less those reserved for superusers); None on SQLite."""
+        if self.dialect != "postgresql":
+            return None
+        with self.transaction() as conn:
+            row = conn.exec_driver_sql(
+                "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                "current_database()), current_setting('max_connections')::int - "
+                "current_setting('superuser_reserved_connections')::int"
+            ).one()
+        return int(row[0]), int(row[1])
 
     def statement(self, key: Any, build: Callable[[], Any]) -> Any:
         """Statements are built once per store: building one costs more than running it."""
@@ -122,9 +149,13 @@ class Database:
             raise
         except (OperationalError, InterfaceError) as exc:
             raise StoreUnavailableError(
-                f"store {mask_url(self.url)} unavailable: {_short(exc)}"
+                f"store {mask_url(self.url)} unavailable: {_short(exc)}{_pooler_hint(exc)}"
             ) from exc
         except ProgrammingError as exc:
+            if _pooler_hint(exc):
+                raise StoreError(
+                    f"store {mask_url(self.url)} error: {_short(exc)}{_pooler_hint(exc)}"
+                ) from exc
             raise StoreSchemaError(
                 f"store {mask_url(self.url)} schema problem: {_short(exc)}; "
                 "run `celery-recovery db upgrade`"
@@ -135,6 +166,21 @@ class Database:
     def insert(self, table: Any) -> Any:
         module = postgresql if self.dialect == "postgresql" else sqlite
         return module.insert(table)
+
+
+#: What a pooler's refusal of session state reads like, from the server or the pooler.
+_POOLER_SYMPTOMS = ("unsupported startup parameter", "prepared statement")
+
+
+def _pooler_hint(exc: BaseException) -> str:
+    """Where an error is a pooler refusing session state, what to set; else ""."""
+    text = str(getattr(exc, "orig", None) or exc)
+    if not any(symptom in text for symptom in _POOLER_SYMPTOMS):
+        return ""
+    return (
+        " (a connection pooler in transaction mode, such as PgBouncer, refuses session "
+        "state: set recovery_database_pooler = 'transaction'; this is not a schema problem)"
+    )
 
 
 def _short(exc: BaseException) -> str:

@@ -4,7 +4,8 @@ SQLite runs in WAL mode with a busy timeout and takes its write lock at the
 start of each transaction (``BEGIN IMMEDIATE``), which is what makes it safe
 for the several processes of one machine.  PostgreSQL connections time out
 quickly so that an unreachable store degrades recovery instead of stalling
-the user's tasks.
+the user's tasks, directly or through a transaction-mode pooler (PgBouncer),
+which keeps no session state from one transaction to the next.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Engine, create_engine, make_url
+from sqlalchemy.exc import OperationalError
 
 #: Seconds a connection attempt to PostgreSQL may take before the store counts as down.
 PG_CONNECT_TIMEOUT = 3
@@ -30,29 +32,110 @@ PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 2_000
 SQLITE_BUSY_TIMEOUT = 30.0
 
 
+#: The values of ``recovery_database_pooler``: find a pooler by asking (``auto``), or say.
+POOLER_MODES = ("auto", "none", "transaction")
+
+#: Per database URL (password included), whether this process tree reaches it through
+#: a transaction-mode pooler: found once, inherited across forks.
+_behind_pooler: dict[str, bool] = {}
+
+
+def behind_pooler(url: str | URL, mode: str = "auto") -> bool:
+    """Whether the PostgreSQL store at ``url`` is reached through a pooler that hands
+    each transaction its own server session (PgBouncer, Odyssey, PgCat, Supavisor or
+    RDS Proxy in transaction mode): no session state may then be relied on (startup
+    options, server-side prepared statements, session advisory locks).
+
+    ``mode`` ``none`` or ``transaction`` says so; ``auto`` asks once per URL, on a
+    connection of its own: a pooler answers the client's startup with a backend
+    process id of its own making (its cancel key), which ``pg_backend_pid()``, run on
+    the real server session, then contradicts.  Raises the driver's error when the
+    store cannot be reached (as SQLAlchemy's ``OperationalError``; nothing is cached).
+    """
+    if mode != "auto":
+        return mode == "transaction"
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return False
+    key = parsed.render_as_string(hide_password=False)
+    found = _behind_pooler.get(key)
+    if found is None:
+        found = _behind_pooler[key] = _answers_as_pooler(parsed)
+    return found
+
+
+def _answers_as_pooler(url: URL) -> bool:
+    import psycopg
+
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=PG_CONNECT_TIMEOUT) as conn:
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            return row is None or int(row[0]) != conn.info.backend_pid
+    except psycopg.Error as exc:
+        raise OperationalError("finding out whether a pooler stands in front", None, exc) from exc
+
+
+#: A session default whose own transaction's setting is another name: a transaction
+#: that has begun takes no new default.
+_IN_TRANSACTION = {"default_transaction_read_only": "transaction_read_only"}
+
+
+def per_session(engine: Engine, url: URL, mode: str, settings: dict[str, str | int]) -> None:
+    """Give every transaction of ``engine`` the server ``settings``, with or without a pooler.
+
+    Reached directly, they are the connection's startup options (free: they travel with
+    the connection request).  Behind a transaction-mode pooler, which refuses or drops
+    startup options and hands each transaction another server session, they are set
+    with ``SET LOCAL`` as each transaction begins (one more statement per transaction,
+    only there), and psycopg prepares no statement on the server (a prepared statement
+    lives in one server session; the next transaction may run on another).  The first
+    connection finds out which (see :func:`behind_pooler`).
+    """
+
+    @event.listens_for(engine, "do_connect")
+    def _on_do_connect(_dialect: Any, record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+        pooled = behind_pooler(url, mode)
+        record.info["behind_pooler"] = pooled
+        if pooled:
+            cparams["prepare_threshold"] = None
+        elif settings:
+            ours = " ".join(f"-c {k}={v}" for k, v in settings.items())
+            # Options of the URL's own (?options=...) come first; ours are added to them.
+            cparams["options"] = f"{cparams.get('options') or ''} {ours}".strip()
+
+    if not settings:
+        return
+    set_local = "; ".join(
+        f"SET LOCAL {_IN_TRANSACTION.get(k, k)} = {v}" for k, v in settings.items()
+    )
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        if conn.info.get("behind_pooler"):
+            conn.exec_driver_sql(set_local)
+
+
 def create_store_engine(
-    url: str | URL, *, for_migrations: bool = False, autocommit: bool = False
+    url: str | URL, *, for_migrations: bool = False, autocommit: bool = False, pooler: str = "auto"
 ) -> Engine:
     """An engine for the store at ``url`` (already normalised by the settings).
 
     ``autocommit`` (PostgreSQL only) gives an engine for single atomic
-    statements: one round trip each, no BEGIN, COMMIT or rollback-on-return.
+    statements: one round trip each, no BEGIN, COMMIT or rollback-on-return;
+    behind a pooler (``pooler``, see :func:`behind_pooler`) their timeouts
+    cannot be set, so :class:`~celery_recovery.store.database.Database` does
+    not use it there.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed)
-    connect_args: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT}
-    if not for_migrations:
-        connect_args["options"] = (
-            f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS} "
-            f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
-        )
     extra: dict[str, Any] = {}
     if autocommit:
         extra = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None}
-    return create_engine(
+    engine = create_engine(
         parsed,
-        connect_args=connect_args,
+        connect_args={"connect_timeout": PG_CONNECT_TIMEOUT},
         **extra,
         pool_size=2,
         max_overflow=4,
@@ -61,6 +144,14 @@ def create_store_engine(
         # replaces it.
         pool_recycle=1800,
     )
+    timeouts: dict[str, str | int] = {}
+    if not for_migrations:
+        timeouts = {
+            "statement_timeout": PG_STATEMENT_TIMEOUT_MS,
+            "idle_in_transaction_session_timeout": PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+        }
+    per_session(engine, parsed, pooler, timeouts)
+    return engine
 
 
 def _sqlite_engine(url: URL) -> Engine:

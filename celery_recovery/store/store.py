@@ -35,8 +35,8 @@ from celery_recovery.store.triggers import TriggerRepository
 class Store:
     """The metadata store at one database URL, safe across threads and forks."""
 
-    def __init__(self, url: str) -> None:
-        self.db = Database(url)
+    def __init__(self, url: str, pooler: str = "auto") -> None:
+        self.db = Database(url, pooler)
         self.jobs = JobRepository(self.db)
         self.liveness = LivenessRepository(self.db)
         self.reservations = ReservationRepository(self.db)

@@ -16,13 +16,14 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.engine import Connection
 
 from celery_recovery.core.audit import Decision
 from celery_recovery.core.records import ResetPlan, TryRow, ZombieRow
-from celery_recovery.core.states import JobState, TaskState
+from celery_recovery.core.states import RETRY_RECONCILED_REASON, JobState, TaskState
 from celery_recovery.store.audit import append_decision
 from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.schema import (
@@ -113,6 +114,58 @@ class TryRecovery(Repository):
         with self.transaction() as conn:
             return rows_of(conn.execute(stmt))
 
+    def find_retries_never_sent(
+        self, now: datetime, timeout: float, limit: int = 500
+    ) -> list[TryRow]:
+        """Tries a sweep made ``up_for_retry`` because the result backend read RETRY,
+        more than ``timeout`` seconds ago, of which no later try was ever recorded."""
+        later = task_records.alias("later")
+        stmt = (
+            select(task_records)
+            .where(
+                task_records.c.state == TaskState.UP_FOR_RETRY.value,
+                task_records.c.state_reason == RETRY_RECONCILED_REASON,
+                task_records.c.recovered_at < now - timedelta(seconds=timeout),
+                ~exists().where(
+                    later.c.task_id == task_records.c.task_id,
+                    later.c.try_number > task_records.c.try_number,
+                ),
+            )
+            .order_by(task_records.c.recovered_at)
+            .limit(limit)
+        )
+        with self.transaction() as conn:
+            return rows_of(conn.execute(stmt))
+
+    def reopen_retry_never_sent(
+        self, task_id: str, try_number: int, reason: str, now: datetime, audit: Decision
+    ) -> bool:
+        """Queue again a try a sweep made ``up_for_retry`` from the backend's RETRY, of
+        which no later try was recorded, because its own message came back (compare-and-set
+        on that state and reason, and on there being no later try); True when it won."""
+        later = task_records.alias("later")
+        stmt = (
+            update(task_records)
+            .where(
+                task_records.c.task_id == task_id,
+                task_records.c.try_number == try_number,
+                task_records.c.state == TaskState.UP_FOR_RETRY.value,
+                task_records.c.state_reason == RETRY_RECONCILED_REASON,
+                ~exists().where(later.c.task_id == task_id, later.c.try_number > try_number),
+            )
+            .values(
+                state=TaskState.QUEUED.value,
+                state_reason=reason,
+                ended_at=None,
+                updated_at=now,
+            )
+        )
+        with self.transaction() as conn:
+            won = conn.execute(stmt).rowcount == 1
+            if won:
+                append_decision(conn, audit)
+            return won
+
     def apply_reset(self, plan: ResetPlan, now: datetime) -> tuple[bool, bool]:
         """Apply a reset in one transaction; returns (won the try, inserted the next try).
 
@@ -127,6 +180,7 @@ class TryRecovery(Repository):
                 plan.expected_state,
                 plan.expected_job_id,
                 _recovered_outcome(plan.new_state, plan.reason, now),
+                plan.expected_reason,
             ):
                 return False, False
             inserted = False
@@ -202,6 +256,7 @@ class TryRecovery(Repository):
         stmt = (
             select(
                 task_records.c.state,
+                task_records.c.state_reason,
                 task_records.c.job_id,
                 task_records.c.recovered_at,
                 jobs.c.latest_heartbeat.label("job_heartbeat"),
@@ -219,6 +274,7 @@ class TryRecovery(Repository):
                 found = conn.execute(select(latest)).scalar()
                 return {
                     "state": None,
+                    "state_reason": None,
                     "latest": int(found or 0),
                     "job_id": None,
                     "recovered_at": None,
@@ -255,11 +311,15 @@ class TryRecovery(Repository):
         expected_state: TaskState,
         expected_job_id: str | None,
         values: dict[str, Any],
+        expected_reason: str | None = None,
     ) -> bool:
         job_matches = (
             task_records.c.job_id.is_(None)
             if expected_job_id is None
             else task_records.c.job_id == expected_job_id
+        )
+        reason_matches = (
+            true() if expected_reason is None else task_records.c.state_reason == expected_reason
         )
         stmt = (
             update(task_records)
@@ -268,6 +328,7 @@ class TryRecovery(Repository):
                 task_records.c.try_number == try_number,
                 task_records.c.state == expected_state.value,
                 job_matches,
+                reason_matches,
             )
             .values(**values)
         )

@@ -82,12 +82,16 @@ def reset(
     cause: AuditReason | None = None,
     retry_limit: int | None = None,
     give_up: str | None = None,
+    callback: bool = True,
+    expected_reason: str | None = None,
 ) -> str:
     """Retry or fail one try; returns a :class:`SweepOutcome`: republished, failed or lost race.
 
     ``cause`` names the audit reason when the try's state does not tell it (a hung try);
     ``retry_limit`` bounds the retries of a task whose ``max_retries`` is None;
-    ``give_up`` fails the try for that reason instead of running it again.
+    ``give_up`` fails the try for that reason instead of running it again;
+    ``callback=False`` writes no ``on_retry`` row (the worker that retried ran it);
+    ``expected_reason`` is compared too, for a reset that leaves the state as it was.
     """
     try_number = int(record["try_number"])
     max_retries = max_retries_of(ctx, record["task_name"])
@@ -129,8 +133,9 @@ def reset(
         new_state=new_state,
         reason=reason,
         next_record=next_record,
-        callback=_callback_row(ctx, record, new_state, reason),
+        callback=_callback_row(ctx, record, new_state, reason) if callback else None,
         dead_job_id=dead_job_id,
+        expected_reason=expected_reason,
         audit=ctx.decision(
             _ACTION[new_state], cause or _cause(expected_state, record), record, reason
         ),

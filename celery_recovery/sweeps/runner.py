@@ -15,6 +15,7 @@ from celery_recovery import metrics
 from celery_recovery.core.records import SweepReport
 from celery_recovery.sweeps.callbacks import deliver_callbacks
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.dead_ends import sweep_retries_never_sent
 from celery_recovery.sweeps.deferred import sweep_deferred
 from celery_recovery.sweeps.jobs import sweep_dead_jobs
 from celery_recovery.sweeps.liveness import sweep_dead_processes
@@ -42,6 +43,7 @@ STEPS: tuple[tuple[str, Callable[[SweepContext], None]], ...] = (
     # Right after the zombies: a dead worker's reserved messages go with its running tries.
     ("reserved", sweep_reserved),
     ("lost messages", sweep_lost_messages),
+    ("retries never sent", sweep_retries_never_sent),
     ("dead jobs", sweep_dead_jobs),
     ("deferred tasks", sweep_deferred),
     ("callbacks", deliver_callbacks),

@@ -18,7 +18,7 @@ from celery import states
 from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import JobRow, SweepOutcome, ZombieRow
-from celery_recovery.core.states import JobState, JobType, TaskState
+from celery_recovery.core.states import RETRY_RECONCILED_REASON, JobState, JobType, TaskState
 from celery_recovery.probe import Probe
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
@@ -75,7 +75,7 @@ def _handle(
     if taken is not None:
         return taken
     if seen.state == states.RETRY:
-        reason = "reconciled: the worker had retried it before it was lost"
+        reason = RETRY_RECONCILED_REASON
         if store.tries.reconcile_try(
             task_id,
             try_number,

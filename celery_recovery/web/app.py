@@ -67,7 +67,7 @@ def create_app(
     database_url: str | None = None,
 ) -> Starlette:
     """The console over the store of ``settings`` (or ``database_url``)."""
-    store = ReadOnlyStore(database_url or settings.database_url)
+    store = ReadOnlyStore(database_url or settings.database_url, settings.database_pooler)
     console = Console(ConsoleQueries(store, settings, show_args), settings.redis_url)
     templates = Environment(
         loader=FileSystemLoader(HERE / "templates"),

@@ -18,13 +18,15 @@ from sqlalchemy.exc import DBAPIError, ProgrammingError
 
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
 from celery_recovery.core.urls import mask_secrets, mask_url
+from celery_recovery.store.engine import per_session
 
 #: Milliseconds one console query may take on PostgreSQL before it is cancelled.
 STATEMENT_TIMEOUT_MS = 5_000
 
 
-def read_only_engine(url: str) -> Engine:
-    """An engine whose every session is read-only, for the store at ``url``."""
+def read_only_engine(url: str, pooler: str = "auto") -> Engine:
+    """An engine whose every transaction is read-only, for the store at ``url``
+    (reached directly or through a pooler: ``recovery_database_pooler``)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(parsed, connect_args={"timeout": 5, "check_same_thread": False})
@@ -36,14 +38,20 @@ def read_only_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    options = f"-c default_transaction_read_only=on -c statement_timeout={STATEMENT_TIMEOUT_MS}"
-    return create_engine(
+    engine = create_engine(
         parsed,
-        connect_args={"connect_timeout": 3, "options": options},
+        connect_args={"connect_timeout": 3},
         pool_size=4,
         max_overflow=4,
         pool_pre_ping=True,
     )
+    per_session(
+        engine,
+        parsed,
+        pooler,
+        {"default_transaction_read_only": "on", "statement_timeout": STATEMENT_TIMEOUT_MS},
+    )
+    return engine
 
 
 def fetch_rows(conn: Connection, stmt: Any) -> list[dict[str, Any]]:
@@ -54,10 +62,10 @@ def fetch_rows(conn: Connection, stmt: Any) -> list[dict[str, Any]]:
 class ReadOnlyStore:
     """Short read-only transactions on the store; errors become :class:`StoreError`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pooler: str = "auto") -> None:
         self.url = url
         self.masked_url = mask_url(url)
-        self.engine = read_only_engine(url)
+        self.engine = read_only_engine(url, pooler)
 
     @property
     def dialect(self) -> str:

@@ -49,6 +49,7 @@ def ledger_runs(path) -> list[tuple[str, datetime]]:
     return [(task_id, datetime.fromisoformat(at)) for task_id, at in lines]
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", "postgresql", "pgbouncer"], indirect=True)
 def test_the_standby_publishes_the_next_run_within_the_bound_after_a_sigkill(
     store, store_url, start_ha_beat, start_beat_worker, tmp_path
 ):

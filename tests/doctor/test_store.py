@@ -75,3 +75,27 @@ def test_a_store_that_does_not_answer_cannot_be_told(closed_port):
     assert [u.check for u in report.unknowns] == ["store"]
     assert ids(report) == ["broker-not-persistent"]  # memory://
     assert report.exit_status is ExitStatus.FINDINGS
+
+
+def test_a_store_behind_a_pooler_is_named_with_what_it_changes(pgbouncer_url):
+    report = run(store_app(pgbouncer_url))
+    (pooled,) = [line for line in report.read if "transaction-mode pooler" in line]
+    assert "no advisory-lock marker" in pooled and "per transaction" in pooled
+    assert "store-connections" not in ids(report)  # the pooler bounds the server's share
+
+
+def test_a_fleet_the_servers_connections_cannot_hold(pg_url):
+    store = Store(pg_url)
+    open_now, allowed = store.db.connection_use()
+    assert 0 < open_now < allowed
+    # Given live jobs that would hold more connections than the server allows,
+    for n in range(allowed // 3 + 1):
+        add_job(store, "worker", heartbeat_age=1, hostname=f"host-{n % 7}")
+    store.dispose()
+    report = run(store_app(pg_url))
+    full = finding(report, "store-connections")
+    assert full.severity is Severity.WARNING
+    assert f"{allowed // 3 + 1} live jobs may hold up to" in full.problem
+    assert f"against the {allowed} the server allows" in full.problem
+    assert "PgBouncer" in full.fix
+    assert not any("transaction-mode pooler" in line for line in report.read)

@@ -34,10 +34,16 @@ SWEEP = FAST_SETTINGS["sweep_interval"]
 # The two brokers lose and redeliver differently: Redis restores an unacknowledged
 # message only after its visibility timeout, RabbitMQ requeues it as soon as the
 # dead worker's connection closes.
-# RabbitMQ runs on the PostgreSQL store only, to keep the suite short.
+# RabbitMQ runs on the PostgreSQL store only, to keep the suite short; so does the store
+# through PgBouncer in transaction mode.
 BOTH_BROKERS = pytest.mark.parametrize(
     "store_url,broker",
-    [("sqlite", "redis"), ("postgresql", "redis"), ("postgresql", "rabbitmq")],
+    [
+        ("sqlite", "redis"),
+        ("postgresql", "redis"),
+        ("postgresql", "rabbitmq"),
+        ("pgbouncer", "redis"),
+    ],
     indirect=["store_url"],
 )
 

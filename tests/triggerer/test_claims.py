@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from celery_recovery.core.states import JobState, JobType, TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing
@@ -46,6 +48,7 @@ def _deferred(store, n: int, queue: str = "default") -> list[str]:
     return ids
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", "postgresql", "pgbouncer"], indirect=True)
 def test_two_triggerers_claiming_at_once_never_share_a_trigger(store):
     _deferred(store, 150)
     a, b = _job(store, "a" * 32), _job(store, "b" * 32)

@@ -28,6 +28,7 @@ def client(store):
         yield client
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", "postgresql", "pgbouncer"], indirect=True)
 def test_a_swept_zombie_is_in_the_audit_log_with_its_dead_process(store, client_app, client):
     # Given a try running in a worker that stopped heartbeating a minute ago
     make_zombie(store, "t1", age=60.0)
@@ -154,6 +155,7 @@ def test_locks_lists_held_keys_from_redis(store, redis_service):
     assert 0 < rows[0]["ttl"] <= 60
 
 
+@pytest.mark.parametrize("store_url", ["sqlite", "postgresql", "pgbouncer"], indirect=True)
 def test_the_console_cannot_write(store, client):
     from celery_recovery.core.errors import StoreError
     from celery_recovery.store.schema import jobs
