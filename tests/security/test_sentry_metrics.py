@@ -24,8 +24,9 @@ ARGUMENT = "card-4111-1111-1111-1111"
 
 @pytest.fixture
 def transport() -> Iterator[CapturingTransport]:
-    """The real sentry-sdk with its default integrations (logging breadcrumbs and events)."""
-    yield from capturing_sentry(auto_enabling_integrations=False)
+    """The real sentry-sdk with its default integrations (logging breadcrumbs and events),
+    and a stack trace attached to every message (sentry-sdk 3's default; 2's opt-in)."""
+    yield from capturing_sentry(auto_enabling_integrations=False, attach_stacktrace=True)
 
 
 @pytest.fixture
