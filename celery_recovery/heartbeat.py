@@ -9,6 +9,7 @@ answers again; the user's tasks never wait for it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import uuid
@@ -99,11 +100,16 @@ class HeartbeatThread(threading.Thread):
             return None
 
     def _beat(self) -> None:
+        # The store's clock, read again on every beat: heartbeats are written and judged
+        # on one clock, whatever this host's says.  (A store that fails here fails the
+        # beat below too, which says so.)
+        with contextlib.suppress(StoreError):
+            self.store.follow_clock()
         now = utcnow()
         consumer = self._consumer_state()
         try:
             if not self._registered:
-                job = {**self.job, "latest_heartbeat": now}
+                job = {**self.job, "start_date": now, "latest_heartbeat": now}
                 if consumer is not None:
                     job["consumer"] = consumer
                 self.store.jobs.add_job(job)

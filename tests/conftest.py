@@ -470,6 +470,7 @@ def start_worker(
         name: str | None = None,
         plain: bool = False,
         env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> WorkerProcess:
         if store_url is None and not plain:
             store_url = request.getfixturevalue("store_url")
@@ -483,6 +484,7 @@ def start_worker(
             concurrency=concurrency,
             name=name,
             queue=queue,
+            prefix=prefix,
         )
         workers.append(worker)
         return worker.wait_ready()

@@ -89,6 +89,7 @@ class WorkerProcess(SessionProcess):
         name: str = "worker",
         queue: str = "celery",
         extra_args: tuple[str, ...] = (),
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         #: The node's name before ``@``: unique, because RabbitMQ keeps a killed worker's
@@ -96,6 +97,7 @@ class WorkerProcess(SessionProcess):
         #: the same name starting then exits.
         self.node = f"{name}-{uuid.uuid4().hex[:6]}"
         command = [
+            *prefix,  # e.g. tests/fleet/elsewhere.sh: another host name and clock
             sys.executable,
             "-m",
             "celery",

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
@@ -114,6 +116,18 @@ class Database:
             return False
         with self.translate_errors():
             return behind_pooler(self.url, self.pooler)
+
+    def read_clock(self) -> tuple[datetime, float, float] | None:
+        """The database server's clock, and the monotonic instants between which it was
+        read; None on SQLite (the store is the one machine's file: its clock is
+        this host's)."""
+        if self.dialect != "postgresql":
+            return None
+        with self.single_statement() as conn:
+            asked = time.monotonic()
+            value = conn.exec_driver_sql("SELECT clock_timestamp()").scalar_one()
+            answered = time.monotonic()
+        return value, asked, answered
 
     def connection_use(self) -> tuple[int, int] | None:
         """(server sessions now open to this database, the connections the server allows

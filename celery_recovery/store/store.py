@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from sqlalchemy.engine import Connection, Engine
 
+from celery_recovery.core.timeutils import follow_store_clock
 from celery_recovery.core.urls import mask_url
 from celery_recovery.store.beat import BeatRepository
 from celery_recovery.store.checkins import CheckinRepository
@@ -67,6 +68,15 @@ class Store:
     @property
     def dialect(self) -> str:
         return self.db.dialect
+
+    def follow_clock(self) -> None:
+        """Make this process's clock the store's (see
+        :func:`celery_recovery.core.timeutils.follow_store_clock`): a time that decides
+        liveness or ownership, written by one host and compared by another, is then one
+        clock's.  Raises :class:`StoreError`."""
+        read = self.db.read_clock()
+        if read is not None:
+            follow_store_clock(*read)
 
     def ensure_ready(self) -> None:
         """Check (PostgreSQL) or create (SQLite) the schema, once per process."""

@@ -54,6 +54,12 @@ def run_sweep(context: RecoveryContext, now: datetime | None = None) -> SweepRep
     """Run every sweep step once; never raises because of data or a store error."""
     started = time.perf_counter()
     report = SweepReport()
+    if now is None:
+        try:
+            # Judge heartbeats, leases and ages on the store's clock, as they were written.
+            context.store.follow_clock()
+        except Exception as exc:  # the steps below fail too, and report it
+            logger.debug("celery-recovery: could not read the store's clock: %s", exc)
     holder = f"{socket.gethostname()}:{os.getpid()}"
     ctx = SweepContext(context, now or context.clock(), report, holder)
     with ctx.isolated("checking for a gap in sweeping"):
