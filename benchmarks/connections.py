@@ -3,9 +3,10 @@ PgBouncer.
 
 For each concurrency: a fresh PostgreSQL store, one worker (``-c N``, Redis broker
 and backend, default preset), 40 short tasks and then 2 x N tasks of 1 s that keep
-every pool process busy; the server sessions open to the store's database
-(``pg_stat_activity``) are counted at rest after the short tasks and at their
-highest while the long ones run.  Behind PgBouncer (started here, transaction
+every pool process busy, published by a plain Celery app (so every session is the
+worker's); the server sessions open to the store's database (``pg_stat_activity``)
+are counted at rest after the short tasks and at their highest while the long ones
+run.  Behind PgBouncer (started here, transaction
 mode, the configuration most guides give) the same counts are taken at the
 server: the pooler's sessions, bounded by its pool size, whatever the clients.
 
@@ -59,7 +60,7 @@ def _wait(condition, timeout: float) -> None:
 
 
 def measure(concurrency: int, pooler_port: int | None) -> dict:
-    from celery_recovery.recovery import recovery_for_app
+    from celery_recovery.store import Store
     from tests.apps.lifecycle import create_app
 
     name = create_database()
@@ -90,10 +91,13 @@ def measure(concurrency: int, pooler_port: int | None) -> dict:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    app = create_app(BROKER, BACKEND, queue, {"database_url": url})
-    recovery = recovery_for_app(app)
+    # A plain Celery publisher, so that every session counted is the worker's own (its
+    # claims then carry the whole message: the same connections, a little more data).
+    app = create_app(BROKER, BACKEND, queue, None)
+    store = Store(url)
     try:
-        _wait(lambda: len(recovery.store.jobs.list_jobs("worker")) >= concurrency + 1, 60)
+        _wait(lambda: len(store.jobs.list_jobs("worker")) >= concurrency + 1, 60)
+        store.dispose()
         short = [app.send_task("lifecycle.add", (i, 1)) for i in range(40)]
         for result in short:
             result.get(timeout=60)
@@ -114,7 +118,7 @@ def measure(concurrency: int, pooler_port: int | None) -> dict:
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(10)
-        recovery.close()
+        store.dispose()
         app.close()
         drop_database(name)
 

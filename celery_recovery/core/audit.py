@@ -38,6 +38,8 @@ class AuditAction(StrEnum):
     REVOKED = "revoked"
     #: A delivery of a try that was superseded, finished or running elsewhere: not run.
     DROPPED = "dropped"
+    #: Left alone: its worker, silent in the store, answered over the broker and holds it.
+    PARTITIONED = "partitioned"
     #: A delivery of a try a sweep had given up on as retried, whose retry never came:
     #: run after all.
     DELIVERY_RUN = "delivery_run"

@@ -31,6 +31,9 @@ class SweepReport:
     dead_jobs: int = 0
     #: Of the dead jobs, those found by their liveness markers before the threshold.
     marker_deaths: int = 0
+    #: Tries left alone because their worker, silent in the store, answered over the
+    #: broker and holds them (partitioned from the store, not dead).
+    partitioned: int = 0
     callbacks_delivered: int = 0
     callbacks_failed: int = 0
     deferred_timeouts: int = 0
@@ -72,6 +75,8 @@ class SweepOutcome(StrEnum):
     ADOPTED = "adopted"
     RECONCILED = "reconciled"
     REVOKED = "revoked"
+    #: Its worker's heartbeats stopped, but it answered over the broker and holds the try.
+    PARTITIONED = "partitioned"
     #: The try changed under the sweep (another sweep, or its worker); nothing done.
     LOST_RACE = "lost race"
 

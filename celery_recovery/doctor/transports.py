@@ -1,5 +1,6 @@
 """Brokers the other checks do not read: one that keeps messages in a process's memory,
-and those the doctor cannot ask (Redis Sentinel, other kombu transports)."""
+and those the doctor cannot ask (Redis Sentinel, other kombu transports); and whether
+workers answer over the broker at all (remote control, the sweeps' second opinion)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,18 @@ READ_ELSEWHERE = ("redis", "rabbitmq", "sqs")
 def check(d: Deployment, report: Report) -> None:
     kind = d.broker_kind
     report.note(f"broker: {d.masked_broker} ({kind})")
+    if not d.app.conf.worker_enable_remote_control:
+        report.found(
+            "remote-control-disabled",
+            Severity.WARNING,
+            "worker_enable_remote_control",
+            "workers take no remote-control commands, so a sweep cannot ask a worker whose "
+            "store heartbeats stopped whether it still runs its tasks: a worker cut off from "
+            "the store alone (a network partition, a pooler restart, max_connections "
+            "exhausted) is taken for dead after the zombie threshold, and its running tasks "
+            "run a second time beside it.",
+            "app.conf.worker_enable_remote_control = True (Celery's default)",
+        )
     if kind in READ_ELSEWHERE:
         return
     if kind == "memory":

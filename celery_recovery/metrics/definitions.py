@@ -31,6 +31,7 @@ ACTIONS = (
     SweepOutcome.FAILED,
     SweepOutcome.ADOPTED,
     SweepOutcome.RECONCILED,
+    SweepOutcome.PARTITIONED,
 )
 CALLBACK_KINDS = ("failure", "retry")
 #: ``abandoned``: given up after too many deliveries that died midway.

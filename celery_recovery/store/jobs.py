@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -82,19 +82,28 @@ class JobRepository(Repository):
         with self.transaction() as conn:
             return rows_of(conn.execute(stmt))
 
+    def silent_jobs(self, now: datetime, thresholds: dict[JobType, float]) -> list[dict[str, Any]]:
+        """Running jobs whose heartbeat is older than their type's threshold."""
+        with self.transaction() as conn:
+            return [
+                row
+                for job_type, threshold in thresholds.items()
+                for row in rows_of(
+                    conn.execute(select(jobs).where(*_silent(job_type, threshold, now)))
+                )
+            ]
+
     def fail_dead_jobs(
-        self, now: datetime, thresholds: dict[JobType, float]
+        self, now: datetime, thresholds: dict[JobType, float], spared: Collection[str] = ()
     ) -> list[dict[str, Any]]:
-        """Mark running jobs whose heartbeat is older than their type's threshold as failed."""
+        """Mark running jobs whose heartbeat is older than their type's threshold as failed,
+        but for the ids in ``spared`` (alive by another witness)."""
         dead: list[dict[str, Any]] = []
         with self.transaction() as conn:
             for job_type, threshold in thresholds.items():
-                cutoff = now - timedelta(seconds=threshold)
-                where = (
-                    jobs.c.state == JobState.RUNNING.value,
-                    jobs.c.job_type == job_type.value,
-                    jobs.c.latest_heartbeat < cutoff,
-                )
+                where = _silent(job_type, threshold, now)
+                if spared:
+                    where = (*where, jobs.c.id.not_in(list(spared)))
                 found = rows_of(conn.execute(select(jobs).where(*where)))
                 if found:
                     conn.execute(
@@ -161,3 +170,12 @@ class JobRepository(Repository):
         with self.transaction() as conn:
             row = conn.execute(stmt).mappings().first()
         return row_of(row)
+
+
+def _silent(job_type: JobType, threshold: float, now: datetime) -> tuple[Any, ...]:
+    """Running jobs of ``job_type`` whose last heartbeat is older than ``threshold``."""
+    return (
+        jobs.c.state == JobState.RUNNING.value,
+        jobs.c.job_type == job_type.value,
+        jobs.c.latest_heartbeat < now - timedelta(seconds=threshold),
+    )

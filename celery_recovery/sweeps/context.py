@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,9 @@ class SweepContext:
     now: datetime
     report: SweepReport
     holder: str
+    #: What a step leaves for the later steps of the same pass (the workers' answers
+    #: over the broker, :mod:`celery_recovery.sweeps.second_opinion`).
+    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def store(self) -> Store:

@@ -8,6 +8,7 @@ from typing import Any
 from celery_recovery import metrics, sentry
 from celery_recovery.core.states import JobType
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.second_opinion import ask
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -21,9 +22,27 @@ def sweep_dead_jobs(ctx: SweepContext) -> None:
         JobType.BEAT: settings.health_check_threshold,
         JobType.TRIGGERER: settings.health_check_threshold,
     }
-    for job in ctx.store.jobs.fail_dead_jobs(ctx.now, thresholds):
+    spared = _answering_workers(ctx, thresholds)
+    for job in ctx.store.jobs.fail_dead_jobs(ctx.now, thresholds, spared):
         ctx.report.dead_jobs += 1
         report_dead_job(ctx, job, "it stopped heartbeating")
+
+
+def _answering_workers(ctx: SweepContext, thresholds: dict[JobType, float]) -> set[str]:
+    """Silent worker jobs whose worker answers over the broker: its main process (which
+    answered), and the pool processes running one of the tries it holds.  Their ends
+    wait: partitioned from the store, not dead (see :mod:`.second_opinion`)."""
+    workers = {JobType.WORKER: thresholds[JobType.WORKER]}
+    silent = ctx.store.jobs.silent_jobs(ctx.now, workers)
+    if not silent:
+        return set()
+    answers = ask(ctx, (job.get("node_name") for job in silent), ())
+    return {
+        job["id"]
+        for job in silent
+        if answers.answered(job.get("node_name"))
+        and (job.get("parent_pid") is None or answers.runs_in(job.get("node_name"), job["pid"]))
+    }
 
 
 def report_dead_job(ctx: SweepContext, job: dict[str, Any], how: str) -> None:

@@ -23,12 +23,15 @@ from celery_recovery.probe import Probe, never_started
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.second_opinion import leave_partitioned
 from celery_recovery.sweeps.untold import untold_because
 
 
 def sweep_reserved(ctx: SweepContext) -> None:
     settings = ctx.settings
     reserved = ctx.store.reservations.find_reserved_by_dead_jobs(ctx.now, settings.zombie_threshold)
+    # A worker silent in the store but answering over the broker still holds them.
+    reserved = leave_partitioned(ctx, reserved, "reserved", job_key="reserved_by")
     if not reserved:
         return
     ctx.report.reserved += len(reserved)

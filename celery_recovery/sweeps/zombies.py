@@ -24,6 +24,7 @@ from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.second_opinion import leave_partitioned
 from celery_recovery.sweeps.untold import fails_when_untold, untold_because
 
 logger = logging.getLogger("celery_recovery.sweep")
@@ -33,6 +34,8 @@ def sweep_zombies(ctx: SweepContext) -> None:
     settings = ctx.settings
     store = ctx.store
     zombies = _judged_here(ctx, store.tries.find_zombies(ctx.now, settings.zombie_threshold))
+    # A worker silent in the store but answering over the broker is partitioned, not dead.
+    zombies = leave_partitioned(ctx, zombies, "zombie")
     if not zombies:
         return
     ctx.report.zombies += len(zombies)

@@ -141,3 +141,11 @@ def test_at_start_logs_each_finding_and_never_raises(sqlite_url, monkeypatch, ca
     other = plain_app(sqlite_url)
     at_start.start(other, settings, None).join(30)  # type: ignore[arg-type,union-attr]
     assert "celery-recovery doctor could not run" in caplog.text
+
+
+def test_remote_control_disabled_says_what_the_second_opinion_loses(sqlite_url):
+    report = run(plain_app(sqlite_url, worker_enable_remote_control=False))
+    off = finding(report, "remote-control-disabled")
+    assert off.severity is Severity.WARNING
+    assert "cut off from the store alone" in off.problem and "run a second time" in off.problem
+    assert "remote-control-disabled" not in ids(run(plain_app(sqlite_url)))
