@@ -74,8 +74,8 @@ def _live_jobs(d: Deployment, store: Store) -> list:
 
 
 #: Store connections one live job may hold at once (docs/tuning.md's connection table):
-#: its engine's pool and, on PostgreSQL reached directly, its single-statement pool.
-CONNECTIONS_PER_JOB = 3
+#: its one pooled connection, and its worker's liveness marker, shared with its pool.
+CONNECTIONS_PER_JOB = 2
 #: Share of the server's connections past which the doctor warns.
 CONNECTIONS_SHARE = 0.8
 

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
 from celery_recovery.core.urls import mask_secrets, mask_url
@@ -34,7 +35,6 @@ class Database:
         #: ``recovery_database_pooler``: how to know whether a pooler stands in front.
         self.pooler = pooler
         self._engine: Engine | None = None
-        self._autocommit_engine: Engine | None = None
         self._pid = 0
         self._ready = False
         self._lock = threading.Lock()
@@ -51,15 +51,9 @@ class Database:
         if self._engine is None or self._pid != pid:
             with self._lock:
                 if self._engine is None or self._pid != pid:
-                    for inherited in (self._engine, self._autocommit_engine):
-                        if inherited is not None:
-                            inherited.dispose(close=False)
+                    if self._engine is not None:
+                        self._engine.dispose(close=False)
                     self._engine = create_store_engine(self.url, pooler=self.pooler)
-                    self._autocommit_engine = None
-                    if self._engine.dialect.name == "postgresql":
-                        self._autocommit_engine = create_store_engine(
-                            self.url, autocommit=True, pooler=self.pooler
-                        )
                     self._pid = pid
                     self._ready = False
         return self._engine
@@ -96,17 +90,18 @@ class Database:
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
         """A connection for one atomic statement: autocommitted on PostgreSQL (one round
-        trip instead of three), a short transaction on SQLite."""
+        trip instead of three), on the process's one connection; a short transaction on
+        SQLite, and behind a pooler (where its timeout is set in its transaction)."""
         with self._gate.using():
             self._ensure_ready()
-            autocommit = self._autocommit_engine
-            # Behind a pooler a statement's timeout is set in its transaction (SET LOCAL).
-            if autocommit is None or self.behind_pooler:
+            if self.dialect != "postgresql" or self.behind_pooler:
                 with self.translate_errors(), self.engine.begin() as conn:
                     yield conn
                 return
-            with self.translate_errors(), autocommit.connect() as conn:
-                yield conn
+            with self.translate_errors(), self.engine.connect() as conn:
+                # psycopg's autocommit is a client-side switch, reset when the connection
+                # goes back to the pool: no round trip either way.
+                yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     @property
     def behind_pooler(self) -> bool:
@@ -150,10 +145,9 @@ class Database:
         return stmt
 
     def dispose(self) -> None:
-        for engine in (self._engine, self._autocommit_engine):
-            if engine is not None and self._pid == os.getpid():
-                engine.dispose()
-        self._engine = self._autocommit_engine = None
+        if self._engine is not None and self._pid == os.getpid():
+            self._engine.dispose()
+        self._engine = None
 
     @contextmanager
     def translate_errors(self) -> Iterator[None]:
@@ -161,6 +155,12 @@ class Database:
             yield
         except StoreError:
             raise
+        except PoolTimeoutError as exc:
+            # Another thread of this process holds its one connection past the pool's
+            # wait (a statement stuck on a frozen socket): the store is unavailable here.
+            raise StoreUnavailableError(
+                f"store {mask_url(self.url)} unavailable: {_short(exc)}"
+            ) from exc
         except (OperationalError, InterfaceError) as exc:
             raise StoreUnavailableError(
                 f"store {mask_url(self.url)} unavailable: {_short(exc)}{_pooler_hint(exc)}"

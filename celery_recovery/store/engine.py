@@ -28,6 +28,10 @@ PG_STATEMENT_TIMEOUT_MS = 10_000
 #: pause, and its transaction, when the process wakes, fails instead of
 #: committing a stale decision.
 PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 2_000
+#: Seconds a thread waits for its process's one store connection while another thread
+#: uses it: past the statement timeout, so that only a connection stuck on a dead socket
+#: makes it wait that long (the store then counts as unavailable for that thread).
+PG_POOL_TIMEOUT = 15.0
 #: Seconds SQLite waits for another process's write lock.
 SQLITE_BUSY_TIMEOUT = 30.0
 
@@ -117,28 +121,22 @@ def per_session(engine: Engine, url: URL, mode: str, settings: dict[str, str | i
 
 
 def create_store_engine(
-    url: str | URL, *, for_migrations: bool = False, autocommit: bool = False, pooler: str = "auto"
+    url: str | URL, *, for_migrations: bool = False, pooler: str = "auto"
 ) -> Engine:
-    """An engine for the store at ``url`` (already normalised by the settings).
-
-    ``autocommit`` (PostgreSQL only) gives an engine for single atomic
-    statements: one round trip each, no BEGIN, COMMIT or rollback-on-return;
-    behind a pooler (``pooler``, see :func:`behind_pooler`) their timeouts
-    cannot be set, so :class:`~celery_recovery.store.database.Database` does
-    not use it there.
-    """
+    """An engine for the store at ``url`` (already normalised by the settings), reached
+    directly or through a pooler (``pooler``, see :func:`behind_pooler`)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed)
-    extra: dict[str, Any] = {}
-    if autocommit:
-        extra = {"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None}
     engine = create_engine(
         parsed,
         connect_args={"connect_timeout": PG_CONNECT_TIMEOUT},
-        **extra,
-        pool_size=2,
-        max_overflow=4,
+        # One connection per process, whatever its threads (writer, heartbeat, the task's
+        # own checks), so that a worker holds concurrency + 2 (its marker's included):
+        # their transactions are short and never wait on anything but the database.
+        pool_size=1,
+        max_overflow=0,
+        pool_timeout=PG_POOL_TIMEOUT,
         # No pre-ping: it costs a round trip per write on the hot path.  A dead
         # connection fails one write, which is kept and retried, and the pool
         # replaces it.

@@ -89,13 +89,13 @@ def test_a_fleet_the_servers_connections_cannot_hold(pg_url):
     open_now, allowed = store.db.connection_use()
     assert 0 < open_now < allowed
     # Given live jobs that would hold more connections than the server allows,
-    for n in range(allowed // 3 + 1):
+    for n in range(allowed // 2 + 1):
         add_job(store, "worker", heartbeat_age=1, hostname=f"host-{n % 7}")
     store.dispose()
     report = run(store_app(pg_url))
     full = finding(report, "store-connections")
     assert full.severity is Severity.WARNING
-    assert f"{allowed // 3 + 1} live jobs may hold up to" in full.problem
+    assert f"{allowed // 2 + 1} live jobs may hold up to" in full.problem
     assert f"against the {allowed} the server allows" in full.problem
     assert "PgBouncer" in full.fix
     assert not any("transaction-mode pooler" in line for line in report.read)
