@@ -28,6 +28,7 @@ from typing import Any
 
 from celery import bootsteps
 from celery.signals import task_received
+from celery.worker import state as worker_state
 
 from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import StoreError
@@ -113,8 +114,8 @@ def _reservation(held: tuple[weakref.ref[Any], int, str, float]) -> tuple | None
 
 class ForgetReservationsOnReconnect(bootsteps.StartStopStep):
     """A consumer step whose ``stop`` runs when the consumer restarts after a lost
-    broker connection (and at shutdown), after Celery cleared its reserved and
-    scheduled messages: the job's reservations go too."""
+    broker connection, after Celery cleared its reserved and scheduled messages: the
+    job's reservations go too (not at shutdown: see :meth:`stop`)."""
 
     def create(self, c: Any) -> ForgetReservationsOnReconnect:
         return self
@@ -123,6 +124,12 @@ class ForgetReservationsOnReconnect(bootsteps.StartStopStep):
         pass
 
     def stop(self, c: Any) -> None:
+        if worker_state.should_stop is not None or worker_state.should_terminate is not None:
+            # A shutdown, not a reconnect: the messages go back to the broker only if this
+            # process gets to close its connection.  Killed before (a deploy's SIGKILL
+            # after its grace period), the sweep must still know this job held them; if
+            # it exits cleanly, its job ends and another worker's claim supersedes them.
+            return
         context = context_for_app(c.app)
         if context is None:
             return
@@ -138,7 +145,7 @@ class ForgetReservationsOnReconnect(bootsteps.StartStopStep):
             runtime.health.record_failure(exc, f"forgetting the reservations of job {job_id}")
 
     def shutdown(self, c: Any) -> None:
-        self.stop(c)
+        pass  # see stop(): a shutdown keeps the reservations
 
 
 def connect() -> None:

@@ -77,7 +77,7 @@ def _handle(
     taken = take_backend_outcome(ctx, zombie, seen, TaskState.RUNNING, "worker lost")
     if taken is not None:
         return taken
-    if seen.state == states.RETRY:
+    if seen.state == states.RETRY and _retry_recorded(ctx, task_id, try_number):
         reason = RETRY_RECONCILED_REASON
         if store.tries.reconcile_try(
             task_id,
@@ -109,6 +109,7 @@ def _handle(
             ctx.report.adopted += 1
             return SweepOutcome.ADOPTED
         return None
+    retry_never_sent = seen.state == states.RETRY
     if zombie.get("adopted_until") is not None:
         # The adopter never claimed the try: it is not running it.  The adopter itself
         # is alive, so its job is left alone.
@@ -119,6 +120,12 @@ def _handle(
             f"{zombie.get('job_pid')}) last heartbeat {zombie.get('job_heartbeat')}"
         )
         dead_job = job_id
+    if retry_never_sent:
+        why = (
+            f"{why}; the result backend reads RETRY, but no try {try_number + 1} was ever "
+            "recorded: the retry was never sent (a cold shutdown stores RETRY for the tasks "
+            "it terminates)"
+        )
     give_up = None
     untold = untold_because(ctx, zombie, seen)
     if untold is not None:
@@ -136,3 +143,10 @@ def _handle(
         give_up=give_up,
     )
     return count_reset(ctx, result, "republished")
+
+
+def _retry_recorded(ctx: SweepContext, task_id: str, try_number: int) -> bool:
+    """Whether a later try of ``task_id`` was recorded: the RETRY the backend reads was a
+    real retry, whose publisher records the next try within its flush interval, long
+    before a zombie threshold has passed."""
+    return any(t["try_number"] > try_number for t in ctx.store.tries.history(task_id))

@@ -1,5 +1,5 @@
-"""No dead ends: a try the sweep made ``up_for_retry`` because the result backend read
-RETRY gets its next try when none ever appeared.
+"""No dead ends: a try whose result backend reads RETRY gets its next try when none
+was ever sent.
 
 The zombie is made in the store, the RETRY stored in the real Redis result backend
 (as Celery 5.5.3 leaves a cold shutdown's running task), and the sweeps run at
@@ -42,30 +42,93 @@ def _states(store, task_id):
     return [(t["try_number"], t["state"]) for t in store.tries.history(task_id)]
 
 
-def _retried_by_the_backend(app, store, task_id: str):
-    """A zombie whose backend reads RETRY, reconciled to up_for_retry by a sweep; when."""
-    make_zombie(store, task_id)
-    app.backend.store_result(task_id, None, "RETRY")
-    now = utcnow()
-    recovery_for_app(app).sweep(now)
-    (only,) = store.tries.history(task_id)
-    assert (only["state"], only["state_reason"]) == (
-        TaskState.UP_FOR_RETRY,
-        RETRY_RECONCILED_REASON,
+def _audit(store, task_id):
+    with store.transaction() as conn:
+        return conn.execute(
+            select(audit_log.c.action, audit_log.c.reason, audit_log.c.detail)
+            .where(audit_log.c.task_id == task_id)
+            .order_by(audit_log.c.id)
+        ).all()
+
+
+def _record_try(store, task_id: str, try_number: int, at) -> None:
+    """The publisher's record of try ``try_number`` (a real retry's next try)."""
+    store.tries.apply_writes(
+        [
+            (
+                "queued",
+                {
+                    "task_id": task_id,
+                    "try_number": try_number,
+                    "task_name": "lifecycle.add",
+                    "state": "queued",
+                    "queue": "unused",
+                    "args": [1, 2],
+                    "kwargs": {},
+                    "queued_at": at,
+                    "updated_at": at,
+                },
+            )
+        ]
     )
-    return now
 
 
-def test_a_retry_that_never_came_is_sent_once_the_queued_timeout_passed(app, store, published):
+def test_a_retry_the_backend_reads_but_nobody_sent_runs_the_task_again(app, store, published):
+    # Given a dead worker's try whose backend reads RETRY (Celery's cold shutdown stores
+    # it for the tasks it terminates) and no try 2 recorded,
+    make_zombie(store, "t1")
+    app.backend.store_result("t1", None, "RETRY")
+
+    # when two sweeps judge it at once, one publishes try 2, once,
+    reports = run_concurrently(recovery_for_app(app).sweep)
+    assert sum(r.republished for r in reports) == 1
+    assert sum(r.reconciled for r in reports) == 0
+    assert _states(store, "t1") == [(1, TaskState.UP_FOR_RETRY), (2, TaskState.QUEUED)]
+    assert published.llen("unused") == 1
+    # and the reason says why.
+    reason = store.tries.history("t1")[0]["state_reason"]
+    assert "the result backend reads RETRY, but no try 2 was ever recorded" in reason
+    assert _audit(store, "t1")[0][:2] == ("republished", "worker_lost")
+
+
+def test_a_retry_that_was_sent_is_reconciled_and_left_alone(app, store, published):
+    make_zombie(store, "t1")
+    app.backend.store_result("t1", None, "RETRY")
+    now = utcnow()
+    _record_try(store, "t1", 2, now)  # the worker's retry published try 2, which ran
+    store.tries.transition("t1", 2, (TaskState.QUEUED,), TaskState.SUCCESS)
     recovery = recovery_for_app(app)
-    decided = _retried_by_the_backend(app, store, "t1")
+    assert recovery.sweep(now).reconciled == 1
+    assert store.tries.history("t1")[0]["state_reason"] == RETRY_RECONCILED_REASON
+    later = recovery.sweep(now + timedelta(seconds=QUEUED_TIMEOUT + 1))
+    assert later.lost_republished == 0
+    assert _states(store, "t1")[0] == (1, TaskState.UP_FOR_RETRY)
+    assert published.llen("unused") == 0
 
-    # Given no try 2 within the queued timeout, nothing is sent yet,
+
+def test_a_retry_reconciled_whose_next_try_vanished_is_sent_after_the_queued_timeout(
+    app, store, published
+):
+    # Given a try reconciled from a real retry, whose next try's record then vanished
+    # (its publisher died with it in its buffer, say: no later try in the store),
+    make_zombie(store, "t1")
+    decided = utcnow()
+    assert store.tries.transition(
+        "t1",
+        1,
+        TaskState.RUNNING,
+        TaskState.UP_FOR_RETRY,
+        state_reason=RETRY_RECONCILED_REASON,
+        recovered_at=decided,
+    )
+    recovery = recovery_for_app(app)
+
+    # nothing is sent within the queued timeout,
     recovery.sweep(decided + timedelta(seconds=QUEUED_TIMEOUT - 1))
     assert _states(store, "t1") == [(1, TaskState.UP_FOR_RETRY)]
     assert published.llen("unused") == 0
 
-    # when it passes, two sweeps at once publish try 2 once,
+    # and once it passed, two sweeps at once publish try 2 once,
     later = decided + timedelta(seconds=QUEUED_TIMEOUT + 1)
     reports = run_concurrently(lambda: recovery.sweep(later))
     assert sum(r.lost_republished for r in reports) == 1
@@ -76,51 +139,13 @@ def test_a_retry_that_never_came_is_sent_once_the_queued_timeout_passed(app, sto
     assert first["state_reason"].startswith(
         "no try 2 appeared within 30s of the result backend's RETRY (the retry was never sent)"
     )
-    # and the audit log says why; no on_retry is owed (the stored retry ran it, or none).
-    with store.transaction() as conn:
-        actions = conn.execute(
-            select(audit_log.c.action, audit_log.c.reason, audit_log.c.detail)
-            .where(audit_log.c.task_id == "t1")
-            .order_by(audit_log.c.id)
-        ).all()
-    assert [(a, r) for a, r, _ in actions] == [
-        ("reconciled", "worker_lost"),
-        ("republished", "message_lost"),
+    # with an audit row, and no on_retry owed (the stored retry ran it, or none).
+    assert [(a, r, d) for a, r, d in _audit(store, "t1")] == [
+        ("republished", "message_lost", first["state_reason"])
     ]
-    assert actions[1][2] == first["state_reason"]
     assert store.outbox.pending_callbacks() == []
-
-    # A later pass finds no dead end left.
     assert recovery.sweep(later + timedelta(seconds=QUEUED_TIMEOUT)).lost_republished == 0
     assert published.llen("unused") == 1
-
-
-def test_a_retry_that_did_come_is_left_alone(app, store, published):
-    decided = _retried_by_the_backend(app, store, "t1")
-    # The worker's retry published try 2, and its publisher recorded it.
-    store.tries.apply_writes(
-        [
-            (
-                "queued",
-                {
-                    "task_id": "t1",
-                    "try_number": 2,
-                    "task_name": "lifecycle.add",
-                    "state": "queued",
-                    "queue": "unused",
-                    "args": [1, 2],
-                    "kwargs": {},
-                    "queued_at": decided,
-                    "updated_at": decided,
-                },
-            )
-        ]
-    )
-    store.tries.transition("t1", 2, (TaskState.QUEUED,), TaskState.SUCCESS)
-    report = recovery_for_app(app).sweep(decided + timedelta(seconds=QUEUED_TIMEOUT + 1))
-    assert report.lost_republished == 0
-    assert _states(store, "t1") == [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)]
-    assert published.llen("unused") == 0
 
 
 @pytest.mark.slow
