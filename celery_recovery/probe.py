@@ -37,7 +37,7 @@ def probe_many(app: Celery, task_ids: list[str]) -> dict[str, Probe]:
     backend = app.backend
     if unaskable_because(backend) is not None:
         return {task_id: Probe(UNASKABLE) for task_id in task_ids}
-    if len(task_ids) > 1 and isinstance(backend, BaseKeyValueStoreBackend):
+    if len(task_ids) > 1 and _reads_many(backend):
         try:
             values = backend.mget([backend.get_key_for_task(t) for t in task_ids])
             return {
@@ -49,6 +49,15 @@ def probe_many(app: Celery, task_ids: list[str]) -> dict[str, Probe]:
         except Exception as exc:
             logger.warning("celery-recovery: bulk probe failed (%s); probing one by one", exc)
     return {task_id: probe(app, task_id) for task_id in task_ids}
+
+
+def _reads_many(backend: Any) -> bool:
+    """A key-value backend that implements ``mget`` (Redis, memcached); django-celery-results'
+    ``django-cache`` does not, and is asked one task at a time."""
+    return (
+        isinstance(backend, BaseKeyValueStoreBackend)
+        and type(backend).mget is not BaseKeyValueStoreBackend.mget
+    )
 
 
 def probe(app: Celery, task_id: str) -> Probe:
@@ -63,7 +72,8 @@ def probe(app: Celery, task_id: str) -> Probe:
         return Probe(states.PENDING)
     except Exception as exc:
         logger.warning("celery-recovery: result backend did not answer for %s: %s", task_id, exc)
-        return Probe(UNKNOWN)
+        text = str(exc).strip().splitlines()
+        return Probe(UNKNOWN, f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__)
     return _from_meta(meta)
 
 

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from celery_recovery.cli.support import CLIError
+from celery_recovery.cli.support import CLIError, start_app
 from celery_recovery.doctor import Report, Severity, diagnose
 
 #: Colour of a finding's severity, and of the "cannot tell" heading.
@@ -34,15 +34,11 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
       celery -A proj recovery doctor --json
     """
     options = ctx.find_root().meta.get("celery_recovery", {})
-    app = options.get("app")
+    # Started as the worker starts it: task_time_limit, acks_late and annotations are
+    # read from the tasks as it would run them.
+    app = start_app(ctx)
     if app is None:
         raise CLIError("doctor needs the app: pass --app (or use `celery -A proj recovery doctor`)")
-    try:
-        # The worker imports these too: task_time_limit, acks_late and annotations
-        # are read from the tasks as it would run them.
-        app.loader.import_default_modules()
-    except Exception as exc:
-        raise CLIError(f"cannot import the app's task modules: {exc}") from None
     overrides = {"database_url": options["database_url"]} if options.get("database_url") else {}
     report = diagnose(app, **overrides)
     if as_json:

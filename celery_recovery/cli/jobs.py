@@ -18,8 +18,10 @@ from celery_recovery.cli.output import age_seconds
 from celery_recovery.cli.support import dead_after, store_of
 from celery_recovery.core.consumer import stalled_reason
 from celery_recovery.core.durations import positive_seconds
+from celery_recovery.core.records import CLEAN_SWEEP, SWEEP_COMPLETION
 from celery_recovery.core.states import JobType
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.sweeps.fallback import MISSED_SWEEPS
 
 
 @click.group()
@@ -35,9 +37,14 @@ def jobs() -> None:
 @jobs.command("check")
 @click.option(
     "--job-type",
-    required=True,
     type=click.Choice([t.value for t in JobType]),
     help="Which kind of process must be alive.",
+)
+@click.option(
+    "--sweeps",
+    is_flag=True,
+    help="Instead of a job: a sweep must have finished cleanly (no step failing) within "
+    "3 x recovery_sweep_interval, whoever swept (beat, `sweep --loop`, a worker's fallback).",
 )
 @click.option(
     "--hostname",
@@ -55,7 +62,8 @@ def jobs() -> None:
 @click.pass_context
 def check(
     ctx: click.Context,
-    job_type: str,
+    job_type: str | None,
+    sweeps: bool,
     hostname: str | None,
     local: bool,
     threshold: float | None,
@@ -68,19 +76,33 @@ def check(
     Prints one line saying why.  Use it as a Kubernetes liveness probe of a
     worker pod (see docs/cli.md).
 
+    With --sweeps: exit 1 when no sweep finished cleanly lately, with the steps the
+    last sweep failed and why (an alert for a sweeper that runs but recovers nothing).
+
     \b
     Example:
       celery-recovery --app proj.celery:app jobs check --job-type worker --local
       celery-recovery jobs check --job-type beat --threshold 60
+      celery-recovery --app proj.celery:app jobs check --sweeps
     """
     if threshold is not None:
         # NaN compares false with every age: the probe would pass for a dead job.
         threshold = positive_seconds("--threshold", threshold, click.BadParameter)
+    if (job_type is None) == (not sweeps):
+        raise click.UsageError("give --job-type or --sweeps (one of them)")
+    if sweeps:
+        if local or hostname:
+            raise click.UsageError("--sweeps checks the deployment's sweeps: no host to give")
+        _check_sweeps(ctx, threshold)
+        return
+    assert job_type is not None
     if local and hostname:
         raise click.UsageError("give --hostname or --local, not both")
     host = socket.gethostname() if local else hostname
-    now = utcnow()
     with store_of(ctx) as (store, settings):
+        # Ages on the store's clock, as the heartbeats were written (this host's may be off).
+        store.follow_clock()
+        now = utcnow()
         if threshold is None:
             threshold = dead_after(job_type, settings)
         job = store.jobs.freshest_job(job_type, host)
@@ -106,3 +128,35 @@ def check(
             click.echo(f"FAIL: stalled: {reason}: worker {node} ({process})")
             sys.exit(1)
     click.echo(f"OK: {facts} heartbeat {age:.1f}s ago; threshold {threshold:g}s")
+
+
+def _check_sweeps(ctx: click.Context, threshold: float | None) -> None:
+    with store_of(ctx) as (store, settings):
+        store.follow_clock()
+        now = utcnow()
+        allowed = threshold if threshold is not None else MISSED_SWEEPS * settings.sweep_interval
+        last = store.checkins.last(SWEEP_COMPLETION)
+        clean = store.checkins.last_completed(CLEAN_SWEEP)
+    clean_age = age_seconds(now, clean)
+    if clean_age is not None and clean_age <= allowed:
+        click.echo(f"OK: a sweep finished cleanly {clean_age:.1f}s ago; threshold {allowed:g}s")
+        return
+    since = (
+        "no sweep has ever finished cleanly"
+        if clean_age is None
+        else (f"the last clean sweep finished {clean_age:.1f}s ago")
+    )
+    if last is None:
+        click.echo(
+            f"FAIL: no sweep has finished: nothing recovers tasks (run beat with the "
+            f"recovery schedule, or `sweep --loop`); threshold {allowed:g}s"
+        )
+        sys.exit(1)
+    completed, report = last
+    steps = ", ".join(report.get("failing_steps") or []) or "a step"
+    why = report.get("first_error") or "see the sweeper's log"
+    click.echo(
+        f"FAIL: sweeps run (the last {age_seconds(now, completed) or 0.0:.1f}s ago) but fail: "
+        f"{steps} ({why}); {since}; threshold {allowed:g}s"
+    )
+    sys.exit(1)

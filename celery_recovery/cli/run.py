@@ -58,11 +58,9 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | Non
         if as_json:
             click.echo(json.dumps(report))
         else:
-            click.echo(
-                " ".join(
-                    f"{k}={v:.3f}" if k == "duration" else f"{k}={v}" for k, v in report.items()
-                )
-            )
+            click.echo(_report_line(report))
+        # Line by line into a log file or a container's log, not a block later.
+        sys.stdout.flush()
         if not loop:
             # For cron jobs and scripts: a pass that could not do all its work fails.
             sys.exit(1 if swept.errors else 0)
@@ -150,3 +148,13 @@ def demo() -> None:
     from celery_recovery.demo.runner import run_demo
 
     sys.exit(run_demo())
+
+
+def _report_line(report: dict[str, Any]) -> str:
+    """``zombies=0 ... errors=0 ... duration=0.012``; a failing pass ends with the steps
+    that failed and the first error, quoted (it has spaces)."""
+    failing, first_error = report.pop("failing_steps"), report.pop("first_error")
+    line = " ".join(f"{k}={v:.3f}" if k == "duration" else f"{k}={v}" for k, v in report.items())
+    if failing:
+        line += f" failing_steps={','.join(failing)!r} first_error={first_error!r}"
+    return line

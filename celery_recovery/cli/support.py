@@ -35,11 +35,34 @@ def load_app(spec: str) -> Any:
         raise click.BadParameter(f"cannot import app {spec!r}: {exc}", param_hint="--app") from None
 
 
+def start_app(ctx: click.Context) -> Any:
+    """The command's app, started as `celery worker` and `celery beat` start theirs.
+
+    Their loader imports its default modules first: that fires the framework fixups
+    (Django's calls ``django.setup()``, without which a ``django-db`` result backend
+    cannot be asked anything) and imports the task modules (``imports``, ``include``,
+    ``autodiscover_tasks``), whose classes a failure callback needs.  Once per command.
+    """
+    options = ctx.find_root().meta.setdefault("celery_recovery", {})
+    app = options.get("app")
+    if app is None or options.get("started"):
+        return app
+    try:
+        app.loader.import_default_modules()
+    except Exception as exc:
+        raise CLIError(
+            f"cannot start app {app.main or app!r} as a worker would: importing its modules "
+            f"failed: {type(exc).__name__}: {exc}"
+        ) from None
+    options["started"] = True
+    return app
+
+
 def settings_of(ctx: click.Context) -> RecoverySettings:
     options = ctx.find_root().meta.setdefault("celery_recovery", {})
     if "settings" in options:
         return options["settings"]
-    app = options.get("app")
+    app = start_app(ctx)
     overrides = {"database_url": options["database_url"]} if options.get("database_url") else {}
     try:
         if app is not None:
@@ -55,7 +78,7 @@ def settings_of(ctx: click.Context) -> RecoverySettings:
 def installed_recovery(ctx: click.Context, why: str) -> Any:
     """celery-recovery installed on the command's app (``--app``), with ``--database-url``."""
     options = ctx.find_root().meta.get("celery_recovery", {})
-    app = options.get("app")
+    app = start_app(ctx)
     if app is None:
         raise CLIError(f"{why}: pass --app (or use `celery -A proj recovery ...`)")
     overrides = {}

@@ -11,6 +11,14 @@ from typing import Any, TypedDict
 from celery_recovery.core.audit import Decision
 from celery_recovery.core.states import TaskState
 
+#: Check-in of a finished sweep, clean or not, with its report: someone is watching (the
+#: heartbeat grace, the console).
+SWEEP_COMPLETION = "sweep"
+#: Check-in of a sweep with no failing step: what the workers' fallback, `jobs check
+#: --sweeps` and the console count.  A sweeper that runs but fails a step on every pass
+#: (its result backend not set up, say) recovers nothing, and is not a sweeper.
+CLEAN_SWEEP = "sweep-clean"
+
 
 @dataclass
 class SweepReport:
@@ -40,6 +48,11 @@ class SweepReport:
     unserved_triggers: int = 0
     races_lost: int = 0
     errors: int = 0
+    #: The steps of this pass that failed (each once, in order): a sweep with any
+    #: is not a clean one, and the workers' fallback does not count it.
+    failing_steps: list[str] = field(default_factory=list)
+    #: The first failure's exception, on one line ("AppRegistryNotReady: Apps aren't ...").
+    first_error: str | None = None
     #: Seconds left in which no process is judged dead (after a gap in sweeping).
     heartbeat_grace: float = 0.0
     duration: float = 0.0

@@ -63,6 +63,31 @@ LAST_SWEEP = Gauge(
     "Unix time at which a sweep pass in this process (or, multiprocess, any) last finished.",
     multiprocess_mode="max",
 )
+#: The sweep's steps (sweeps/runner.py STEPS), and "other" for its own bookkeeping.
+SWEEP_STEPS = (
+    "dead processes",
+    "zombies",
+    "reserved",
+    "lost messages",
+    "retries never sent",
+    "dead jobs",
+    "deferred tasks",
+    "callbacks",
+    "other",
+)
+LAST_CLEAN_SWEEP = Gauge(
+    PREFIX + "last_clean_sweep_timestamp_seconds",
+    "Unix time at which a sweep pass with no failing step last finished here: a sweeper "
+    "whose passes all fail a step (last_sweep recent, this one old) recovers nothing.",
+    multiprocess_mode="max",
+)
+SWEEP_STEP_FAILURES = Counter(
+    PREFIX + "sweep_step_failures_total",
+    "Sweep passes in which a step failed, by step (zombies, reserved, lost messages, "
+    "dead jobs, callbacks, ...): the same step failing on every pass is a sweeper that "
+    "cannot recover, and its log says why.",
+    ["step"],
+)
 ZOMBIES_FOUND = Counter(
     PREFIX + "zombies_found_total",
     "Running tries found whose worker stopped heartbeating (counted by each sweep that "

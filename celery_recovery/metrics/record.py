@@ -51,6 +51,10 @@ def sweep_finished(report: SweepReport) -> None:
     """Count what one sweep pass found, from its report (one call per pass)."""
     m.SWEEP_DURATION.observe(report.duration)
     m.LAST_SWEEP.set(time.time())
+    if not report.errors:
+        m.LAST_CLEAN_SWEEP.set(time.time())
+    for step in report.failing_steps:
+        m.SWEEP_STEP_FAILURES.labels(step if step in m.SWEEP_STEPS else "other").inc()
     if report.zombies:
         m.ZOMBIES_FOUND.inc(report.zombies)
     if report.lost_messages:

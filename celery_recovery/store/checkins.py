@@ -33,6 +33,16 @@ class CheckinRepository(Repository):
                 .on_conflict_do_update(index_elements=["name"], set_=done)
             )
 
+    def last(self, name: str) -> tuple[datetime, dict[str, Any]] | None:
+        """When the work named ``name`` last finished, and its report ({} if none)."""
+        with self.transaction() as conn:
+            row = conn.execute(
+                select(checkins.c.completed_at, checkins.c.report).where(checkins.c.name == name)
+            ).first()
+        if row is None:
+            return None
+        return row.completed_at, row.report if isinstance(row.report, dict) else {}
+
     def last_completed(self, name: str) -> datetime | None:
         with self.transaction() as conn:
             return conn.execute(

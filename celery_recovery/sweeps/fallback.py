@@ -1,8 +1,10 @@
 """No single point of failure: workers run the sweep themselves when beat's stop.
 
 Each worker process's heartbeat thread checks, once per sweep interval,
-when a sweep last finished.  If none has for ``3 x recovery_sweep_interval``
-(beat down, or no beat configured), the first process to take the
+when a sweep last finished cleanly (no step failing).  If none has for
+``3 x recovery_sweep_interval`` (beat down, no beat configured, or a sweeper
+whose every pass fails a step: one started without its app's framework set up
+cannot ask a Django result backend anything), the first process to take the
 ``sweep-fallback`` lease runs it; the lease's fencing token grows with each
 new holder, so only one process at a time sweeps this way.  The sweep runs
 in a thread of its own: a long pass (slow callbacks) must not hold up the
@@ -18,7 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from celery_recovery.core.errors import StoreError
-from celery_recovery.sweeps.runner import SWEEP_COMPLETION, run_sweep
+from celery_recovery.sweeps.runner import CLEAN_SWEEP, run_sweep
 
 if TYPE_CHECKING:
     from celery_recovery.context import RecoveryContext
@@ -56,7 +58,7 @@ class SweepFallback:
         store = self.context.store
         now = self.context.clock()
         allowed = MISSED_SWEEPS * interval
-        last = store.checkins.last_completed(SWEEP_COMPLETION)
+        last = store.checkins.last_completed(CLEAN_SWEEP)
         if self._active and last is not None and last != self._own_completion:
             # Someone else (beat back, or another fallback) finished a sweep.
             self._active = False
@@ -72,7 +74,8 @@ class SweepFallback:
             return
         if not self._active:
             logger.warning(
-                "celery-recovery: no sweep has finished for %ss (is beat running?); "
+                "celery-recovery: no sweep has finished cleanly for %ss (is beat running? "
+                "does the sweeper's log show a step failing on every pass?); "
                 "this worker sweeps every %ss until one does (fallback lease token %s)",
                 allowed,
                 interval,
@@ -89,6 +92,6 @@ class SweepFallback:
     def _sweep(self) -> None:
         try:
             run_sweep(self.context)
-            self._own_completion = self.context.store.checkins.last_completed(SWEEP_COMPLETION)
+            self._own_completion = self.context.store.checkins.last_completed(CLEAN_SWEEP)
         except Exception:
             logger.exception("celery-recovery: the fallback sweep failed; trying again later")

@@ -41,7 +41,7 @@ def decide_each(
         probe = seen.get(row["task_id"], Probe(UNKNOWN))
         if probe.state == UNKNOWN:
             # Deciding blind could run a finished task again; try on the next pass.
-            ctx.report.errors += 1
+            ctx.failed(f"the result backend did not answer ({probe.result})")
             continue
         with ctx.isolated(f"{what} {row['task_id']}/{row['try_number']}"):
             action = decide(row, probe, live)

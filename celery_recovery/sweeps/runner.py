@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from celery_recovery import metrics
-from celery_recovery.core.records import SweepReport
+from celery_recovery.core.records import CLEAN_SWEEP, SWEEP_COMPLETION, SweepReport
 from celery_recovery.sweeps.callbacks import deliver_callbacks
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.dead_ends import sweep_retries_never_sent
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_recovery.sweep")
 
-#: Name under which a finished sweep is recorded (read by the workers' fallback).
-SWEEP_COMPLETION = "sweep"
 #: Name under which the end of a heartbeat grace period is recorded.
 HEARTBEAT_GRACE = "heartbeat-grace"
 
@@ -67,11 +65,16 @@ def run_sweep(context: RecoveryContext, now: datetime | None = None) -> SweepRep
     for name, step in STEPS:
         if name in JUDGING_STEPS and report.heartbeat_grace > 0:
             continue
+        ctx.step = name
         with ctx.isolated(f"the {name} step"):
             step(ctx)
+    ctx.step = None
     report.duration = time.perf_counter() - started
     with ctx.isolated("recording the sweep's completion"):
-        context.store.checkins.mark_completed(SWEEP_COMPLETION, context.clock(), report.as_dict())
+        finished = context.clock()
+        context.store.checkins.mark_completed(SWEEP_COMPLETION, finished, report.as_dict())
+        if not report.errors:
+            context.store.checkins.mark_completed(CLEAN_SWEEP, finished)
     with ctx.isolated("reading the gauges of metrics"):
         metrics.refresh_gauges(context.store, ctx.now, context.settings)
     report.duration = time.perf_counter() - started

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 
 from celery_recovery.core.audit import RECOVERY_ACTIONS
 from celery_recovery.core.overdue import OverduePolicy
+from celery_recovery.core.records import CLEAN_SWEEP, SWEEP_COMPLETION
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType, TaskState
 from celery_recovery.store.overdue import find_overdue
@@ -35,8 +36,6 @@ from celery_recovery.web.readonly import ReadOnlyStore, fetch_rows
 OVERVIEW_JOBS = 200
 #: Overdue tries listed on the overview, oldest first.
 OVERVIEW_OVERDUE = 50
-#: Name of the sweep's row in ``checkins`` (see sweeps/runner.py).
-SWEEP_COMPLETION = "sweep"
 
 
 class OverviewQueries:
@@ -70,9 +69,13 @@ class OverviewQueries:
         with self.store.reading() as conn:
             running_jobs = [dict(r) for r in conn.execute(live).mappings()]
             leased = fetch_rows(conn, select(leases).order_by(leases.c.name).limit(100))
-            checked_in = fetch_rows(
-                conn, select(checkins).where(checkins.c.name == SWEEP_COMPLETION).limit(1)
-            )
+            checked_in = {
+                row["name"]: row
+                for row in fetch_rows(
+                    conn,
+                    select(checkins).where(checkins.c.name.in_((SWEEP_COMPLETION, CLEAN_SWEEP))),
+                )
+            }
             counts = {
                 "running": conn.execute(
                     count_tries.where(task_records.c.state == TaskState.RUNNING.value)
@@ -102,8 +105,9 @@ class OverviewQueries:
             threshold = self.threshold(job["job_type"])
             job.update(heartbeat_age=round(age, 1), threshold=threshold, late=age > threshold)
             by_type.setdefault(job["job_type"], []).append(job)
-        sweep = checked_in[0] if checked_in else {}
+        sweep = checked_in.get(SWEEP_COMPLETION, {})
         completed, report = sweep.get("completed_at"), sweep.get("report")
+        clean = checked_in.get(CLEAN_SWEEP, {}).get("completed_at")
         # Who sweeps: beat (its job above), or a worker's fallback holding its lease.
         sweepers = [
             {k: row[k] for k in ("name", "holder", "expires_at")}
@@ -119,6 +123,8 @@ class OverviewQueries:
                 "age": round((now - completed).total_seconds(), 1) if completed else None,
                 "interval": self.settings.sweep_interval,
                 "report": report if isinstance(report, dict) else None,
+                "clean_at": clean,
+                "clean_age": round((now - clean).total_seconds(), 1) if clean else None,
             },
             "sweepers": sweepers,
             "counts": counts,

@@ -178,3 +178,32 @@ def test_triggerer_functions_set_their_series():
     metrics.triggerer_stopped("job-a")
     metrics.triggerer_stopped("job-a")
     assert local("celery_recovery_triggers_running", triggerer="job-a") == 0
+
+
+def test_a_failing_step_is_counted_by_name_and_its_sweep_is_not_clean(store, recovery, monkeypatch):
+    from celery_recovery.core.records import CLEAN_SWEEP
+    from celery_recovery.sweeps.runner import STEPS
+
+    assert {name for name, _ in STEPS} < set(definitions.SWEEP_STEPS)
+    failures = ("celery_recovery_sweep_step_failures_total", {"step": "zombies"})
+    (before,) = counters(failures)
+    make_zombie(store, f"z-{uuid.uuid4().hex[:8]}")
+
+    def down(task_id):
+        raise ConnectionError("backend down")
+
+    # The result backend cannot be asked: the zombie step fails, and says why.
+    monkeypatch.setattr(recovery.app.backend, "get_task_meta", down)
+    report = recovery.sweep()
+    assert report.failing_steps == ["zombies"]
+    assert report.first_error == "the result backend did not answer (ConnectionError: backend down)"
+    assert counters(failures) == [before + 1]
+    assert store.checkins.last_completed(CLEAN_SWEEP) is None
+    assert store.checkins.last("sweep")[1]["failing_steps"] == ["zombies"]
+
+    # Once it answers, the pass is clean again.
+    monkeypatch.undo()
+    report = recovery.sweep()
+    assert (report.failing_steps, report.republished) == ([], 1)
+    assert store.checkins.last_completed(CLEAN_SWEEP) is not None
+    assert local("celery_recovery_last_clean_sweep_timestamp_seconds") > 0

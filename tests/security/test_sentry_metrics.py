@@ -74,6 +74,7 @@ def test_metric_labels_are_a_fixed_vocabulary_without_secrets(make_client_app, s
         *definitions.TRIGGER_EVENT_KINDS,
         *definitions.BEAT_LEAD_CHANGES_KINDS,
         *definitions.BEAT_RUN_OUTCOMES,
+        *definitions.SWEEP_STEPS,
     }
     for line in exposition.splitlines():
         if not line.startswith(definitions.PREFIX):
