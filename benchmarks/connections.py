@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT)]
 
+from benchmarks.recovery import start_worker  # noqa: E402
 from benchmarks.throughput import PG_ADMIN, create_database, drop_database  # noqa: E402
 
 _DB = int(os.environ.get("RECOVERY_BENCH_REDIS_DB", "13"))
@@ -71,26 +71,8 @@ def measure(concurrency: int, pooler_port: int | None) -> dict:
 
         url = make_url(direct).set(port=pooler_port).render_as_string(hide_password=False)
     queue = f"bench-connections-{uuid.uuid4().hex[:8]}"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "C_FORCE_ROOT": "1",
-        "RECOVERY_TEST_PLAIN": "0",
-        "RECOVERY_TEST_BROKER": BROKER,
-        "RECOVERY_TEST_BACKEND": BACKEND,
-        "RECOVERY_TEST_QUEUE": queue,
-        "CELERY_RECOVERY_DATABASE_URL": url,
-    }
-    command = [sys.executable, "-m", "celery", "-A", "tests.apps.lifecycle", "worker"]
-    command += ["-c", str(concurrency), "-Q", queue, "-l", "WARNING", "--without-gossip"]
-    worker = subprocess.Popen(
-        [*command, "--without-mingle", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    node = f"bench-{uuid.uuid4().hex[:6]}"
+    worker = start_worker(node, queue, url, None, concurrency, broker=(BROKER, BACKEND))
     # A plain Celery publisher, so that every session counted is the worker's own (its
     # claims then carry the whole message: the same connections, a little more data).
     app = create_app(BROKER, BACKEND, queue, None)

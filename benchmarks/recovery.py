@@ -45,8 +45,16 @@ TASK_SECONDS = 600  # far longer than any recovery: only the re-run completes
 
 
 def start_worker(
-    name: str, queue: str, store_url: str, preset: str, concurrency: int, markers: str = "auto"
+    name: str,
+    queue: str,
+    store_url: str,
+    preset: str | None,
+    concurrency: int,
+    markers: str = "auto",
+    broker: tuple[str, str] = (BROKER, BACKEND),
 ):
+    """A real worker of tests/apps/lifecycle.py in its own session, output discarded.
+    ``preset`` None: the settings' defaults, and the fallback sweep left as it is."""
     from celery_recovery.beat_schedules import preset_settings
 
     env = {
@@ -54,15 +62,16 @@ def start_worker(
         "PYTHONPATH": str(ROOT),
         "C_FORCE_ROOT": "1",
         "RECOVERY_TEST_PLAIN": "0",
-        "RECOVERY_TEST_BROKER": BROKER,
-        "RECOVERY_TEST_BACKEND": BACKEND,
+        "RECOVERY_TEST_BROKER": broker[0],
+        "RECOVERY_TEST_BACKEND": broker[1],
         "RECOVERY_TEST_QUEUE": queue,
         "CELERY_RECOVERY_DATABASE_URL": store_url,
-        "CELERY_RECOVERY_PRESET": preset,
         "CELERY_RECOVERY_LIVENESS_MARKERS": "off" if markers == "off" else "auto",
-        # Sweeps come from this benchmark (standing in for beat), not the fallback.
-        "CELERY_RECOVERY_SWEEP_INTERVAL": str(preset_settings(preset)["sweep_interval"]),
     }
+    if preset is not None:
+        env["CELERY_RECOVERY_PRESET"] = preset
+        # Sweeps come from this benchmark (standing in for beat), not the fallback.
+        env["CELERY_RECOVERY_SWEEP_INTERVAL"] = str(preset_settings(preset)["sweep_interval"])
     return subprocess.Popen(
         [
             sys.executable,
@@ -241,6 +250,20 @@ def idle_sweep(store_url: str, history: int, running: int, passes: int) -> dict:
     }
 
 
+def _kill_on_a_new_store(args, preset: str, markers: str, pooler: int | None) -> dict:
+    name = create_database()
+    try:
+        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+        if pooler is not None:
+            from sqlalchemy.engine import make_url
+
+            url = make_url(url).set(port=pooler).render_as_string(hide_password=False)
+        run = kill_to_completion(preset, args.workers, args.concurrency, url, markers)
+        return {**run, "behind_pgbouncer": pooler is not None}
+    finally:
+        drop_database(name)
+
+
 def _wait(condition, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -261,18 +284,31 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=10_000)
     parser.add_argument("--passes", type=int, default=20)
     parser.add_argument("--skip-idle", action="store_true", help="only the kill measurements")
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="also every kill with the store behind PgBouncer (transaction mode, stock config)",
+    )
     args = parser.parse_args()
     out: dict = {"kills": [], "idle_sweep": None}
-    for preset in args.presets.split(","):
-        for markers in args.markers.split(","):
-            name = create_database()
-            try:
-                url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-                out["kills"].append(
-                    kill_to_completion(preset, args.workers, args.concurrency, url, markers)
-                )
-            finally:
-                drop_database(name)
+    poolers: list[int | None] = [None]
+    stop_pooler = None
+    if args.pgbouncer:
+        import tempfile
+
+        from tests.services import PGBOUNCER_STOCK, start_pgbouncer
+
+        folder = tempfile.mkdtemp(prefix="celery-recovery-bench-pgbouncer-")
+        port, stop_pooler = start_pgbouncer(folder, PGBOUNCER_STOCK)
+        poolers.append(port)
+    try:
+        for pooler in poolers:
+            for preset in args.presets.split(","):
+                for markers in args.markers.split(","):
+                    out["kills"].append(_kill_on_a_new_store(args, preset, markers, pooler))
+    finally:
+        if stop_pooler is not None:
+            stop_pooler()
     if not args.skip_idle:
         name = create_database()
         try:

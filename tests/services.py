@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import pytest
@@ -59,9 +60,11 @@ def require(name: str, url: str, default_port: int) -> None:
     pytest.skip(f"{message}; start it to run this test")
 
 
-def create_pg_database(prefix: str, revision: str = "head") -> tuple[str, Callable[[], None]]:
-    """A new PostgreSQL database migrated to ``revision``: its URL, and a function that
-    drops it."""
+def create_pg_database(
+    prefix: str, revision: str | None = "head"
+) -> tuple[str, Callable[[], None]]:
+    """A new PostgreSQL database migrated to ``revision`` (None: left empty, for another
+    schema than the store's): its URL, and a function that drops it."""
     from sqlalchemy import create_engine, text
 
     from celery_recovery.store.engine import create_store_engine
@@ -72,9 +75,10 @@ def create_pg_database(prefix: str, revision: str = "head") -> tuple[str, Callab
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    engine = create_store_engine(url, for_migrations=True)
-    upgrade(engine, revision)
-    engine.dispose()
+    if revision is not None:
+        engine = create_store_engine(url, for_migrations=True)
+        upgrade(engine, revision)
+        engine.dispose()
 
     def drop() -> None:
         with admin.connect() as conn:
@@ -82,6 +86,38 @@ def create_pg_database(prefix: str, revision: str = "head") -> tuple[str, Callab
         admin.dispose()
 
     return url, drop
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve_until_answering(
+    command: list[str], port: int, name: str, timeout: float, why: Callable[[], str], **popen: Any
+) -> Callable[[], None]:
+    """Start ``command`` in a session of its own and wait until 127.0.0.1:``port`` answers;
+    a function that stops it.  Fails the test, with ``why()``, if it exits or is too slow."""
+    proc = subprocess.Popen(command, start_new_session=True, **popen)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    deadline = time.monotonic() + timeout
+    while not answering(f"tcp://127.0.0.1:{port}", port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            pytest.fail(f"{name} did not start on port {port}{why()}")
+        time.sleep(0.05)
+    return stop
 
 
 def start_sqs_server(log_path: str) -> tuple[str, Callable[[], None]]:
@@ -97,34 +133,18 @@ def start_sqs_server(log_path: str) -> tuple[str, Callable[[], None]]:
         if in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
+        stop = serve_until_answering(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            port,
+            "moto's SQS server",
+            30,
+            lambda: f" (see {log_path})",
             env={**os.environ, **SQS_ENVIRONMENT},
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while not answering(url, port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop()
-            pytest.fail(f"moto's SQS server did not start on port {port} (see {log_path})")
-        time.sleep(0.1)
     user, password = SQS_ENVIRONMENT["AWS_ACCESS_KEY_ID"], SQS_ENVIRONMENT["AWS_SECRET_ACCESS_KEY"]
     return f"sqs://{user}:{password}@127.0.0.1:{port}", stop
 
@@ -154,9 +174,7 @@ def start_pgbouncer(folder: str, ignore_startup_parameters: str) -> tuple[int, C
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     pg = urlparse(PG_ADMIN_URL.replace("+psycopg", ""))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     os.makedirs(folder, exist_ok=True)
     config = os.path.join(folder, "pgbouncer.ini")
     with open(os.path.join(folder, "users.txt"), "w") as users:
@@ -177,25 +195,12 @@ def start_pgbouncer(folder: str, ignore_startup_parameters: str) -> tuple[int, C
         os.chmod(os.path.join(folder, name), 0o666)
     # PgBouncer refuses to run as root: as root (CI), it runs as PostgreSQL's own user.
     command = [binary, *(["-u", "postgres"] if os.geteuid() == 0 else []), config]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+
+    def why() -> str:
+        log = os.path.join(folder, "pgbouncer.log")
+        return ":\n" + (Path(log).read_text()[-2000:] if os.path.exists(log) else "")
+
+    stop = serve_until_answering(
+        command, port, "PgBouncer", 20, why, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
     )
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-    deadline = time.monotonic() + 20
-    while not answering(f"postgresql://127.0.0.1:{port}", port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop()
-            log = os.path.join(folder, "pgbouncer.log")
-            text = Path(log).read_text()[-2000:] if os.path.exists(log) else ""
-            pytest.fail(f"PgBouncer did not start on port {port}:\n{text}")
-        time.sleep(0.05)
     return port, stop

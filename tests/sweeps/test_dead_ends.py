@@ -19,7 +19,7 @@ from celery_recovery.core.states import RETRY_RECONCILED_REASON
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import audit_log
-from tests.sweeps.helpers import run_concurrently
+from tests.sweeps.helpers import make_queued, run_concurrently
 from tests.sweeps.test_races import make_zombie
 
 QUEUED_TIMEOUT = 30.0
@@ -51,28 +51,6 @@ def _audit(store, task_id):
         ).all()
 
 
-def _record_try(store, task_id: str, try_number: int, at) -> None:
-    """The publisher's record of try ``try_number`` (a real retry's next try)."""
-    store.tries.apply_writes(
-        [
-            (
-                "queued",
-                {
-                    "task_id": task_id,
-                    "try_number": try_number,
-                    "task_name": "lifecycle.add",
-                    "state": "queued",
-                    "queue": "unused",
-                    "args": [1, 2],
-                    "kwargs": {},
-                    "queued_at": at,
-                    "updated_at": at,
-                },
-            )
-        ]
-    )
-
-
 def test_a_retry_the_backend_reads_but_nobody_sent_runs_the_task_again(app, store, published):
     # Given a dead worker's try whose backend reads RETRY (Celery's cold shutdown stores
     # it for the tasks it terminates) and no try 2 recorded,
@@ -95,7 +73,7 @@ def test_a_retry_that_was_sent_is_reconciled_and_left_alone(app, store, publishe
     make_zombie(store, "t1")
     app.backend.store_result("t1", None, "RETRY")
     now = utcnow()
-    _record_try(store, "t1", 2, now)  # the worker's retry published try 2, which ran
+    make_queued(store, "t1", try_number=2, at=now)  # the worker's retry published try 2, which ran
     store.tries.transition("t1", 2, (TaskState.QUEUED,), TaskState.SUCCESS)
     recovery = recovery_for_app(app)
     assert recovery.sweep(now).reconciled == 1
