@@ -9,7 +9,10 @@ as well: its body would run again and both ``on_retry`` and ``on_failure``
 would fire.  So while the parent lives and beats, a sweep leaves the dead pool
 process's tries alone for :data:`PARENT_VERDICT_GRACE` seconds beyond its usual
 bound.  If they are still running after that (the parent could not write), or
-the parent is gone or silent too, the sweep acts as for any dead process.
+the parent is gone, or silent past the zombie threshold (dead itself, or paused
+or cut off), the sweep acts as for any dead process.  A parent whose heartbeat
+is merely late (a loaded host: seen in CI, two intervals late while it was
+about to record the death) is waited for: the grace bounds the wait anyway.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def awaits_parent(
 
 
 def _beating(parent: Mapping[str, Any], now: datetime, settings: RecoverySettings) -> bool:
-    """Not silent: a paused or cut-off parent records nothing, so it is not waited for."""
-    silent_before = now - timedelta(seconds=2 * settings.heartbeat_interval)
+    """Not silent past the zombie threshold: a parent judged dead, paused or cut off records
+    nothing, so it is not waited for; one whose heartbeat is only late still may."""
+    silent_before = now - timedelta(seconds=settings.zombie_threshold)
     return bool(parent["latest_heartbeat"] >= silent_before)

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from celery_recovery import TaskState
+from celery_recovery.beat_schedules import preset_settings
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.helpers import count, ledger_lines, reserved_ids, running_try, sweep_until
 from tests.workers import wait_for
@@ -28,8 +29,6 @@ pytestmark = [
     pytest.mark.parametrize("store_url", ["postgresql"], indirect=True),
 ]
 
-ZOMBIE = FAST_SETTINGS["zombie_threshold"]
-SWEEP = FAST_SETTINGS["sweep_interval"]
 #: The running tasks' first run: longer than the grace period, short enough for a
 #: warm shutdown to wait for.
 LONG = 4.0
@@ -41,7 +40,36 @@ GRACE = 1.0
 def test_every_task_of_a_stopped_worker_ends_success(
     client_app, store, start_worker, tmp_path, stop, acks_late
 ):
-    env = {"RECOVERY_TEST_PREFETCH": "4"}
+    _stop_a_worker_mid_deploy(client_app, store, start_worker, tmp_path, stop, acks_late)
+
+
+def test_a_deploy_under_the_default_preset_ends_every_task_success(
+    make_client_app, store_url, store, start_worker, tmp_path
+):
+    # The default preset's intervals (5 s heartbeats and sweeps, a 30 s threshold) beside
+    # the fast ones above: the death, the reservations kept through the shutdown and the
+    # sweep meet at other moments.
+    default = preset_settings("default")
+    names = ("heartbeat_interval", "zombie_threshold", "health_check_threshold", "sweep_interval")
+    timing = {k: default[k] for k in names}
+    client_app = make_client_app(store_url, **timing)
+    worker_env = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in timing.items()}
+    _stop_a_worker_mid_deploy(
+        client_app, store, start_worker, tmp_path, "term-then-kill", True, worker_env, timing
+    )
+
+
+def _stop_a_worker_mid_deploy(
+    client_app,
+    store,
+    start_worker,
+    tmp_path,
+    stop: str,
+    acks_late: bool,
+    worker_env: dict[str, str] | None = None,
+    timing: dict[str, float] = FAST_SETTINGS,
+) -> None:
+    env = {"RECOVERY_TEST_PREFETCH": "4", **(worker_env or {})}
     if acks_late:
         env["RECOVERY_TEST_ACKS_LATE"] = "1"
     deployed = start_worker(name="old", concurrency=2, env=env)
@@ -68,7 +96,7 @@ def test_every_task_of_a_stopped_worker_ends_success(
         deployed.kill()
 
     # then every task ends SUCCESS and its result reaches the caller,
-    bound = LONG + ZOMBIE + 5 * SWEEP + 20
+    bound = LONG + timing["zombie_threshold"] + 5 * timing["sweep_interval"] + 20
     sweep_until(
         client_app,
         lambda: all(r.ready() for r in [*running, *waiting]),

@@ -100,6 +100,23 @@ def test_a_dead_pool_process_is_left_to_its_live_parent_which_records_it_first(w
     assert store.jobs.get_job(child)["state"] == JobState.FAILED  # the job is still judged
 
 
+def test_a_parent_whose_heartbeat_is_only_late_is_still_waited_for(world):
+    # A loaded host: the parent's heartbeat is two and a half intervals old, short of the
+    # zombie threshold, while it is about to record its pool process's death.
+    app, store, now, parent, _child, task_id = world
+    at = now + timedelta(seconds=2.5)
+    with store.transaction() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == parent).values(latest_heartbeat=now))
+    recovery_for_app(app).sweep(now=at)
+    assert _state(store, task_id) == [(1, TaskState.RUNNING)]
+    # It records Celery's verdict: the try is never run again.
+    assert store.tries.transition(task_id, 1, TaskState.RUNNING, TaskState.FAILED)
+    later = now + timedelta(seconds=TIMING["zombie_threshold"] + PARENT_VERDICT_GRACE + 1)
+    _beat(store, parent, later)
+    recovery_for_app(app).sweep(now=later)
+    assert _state(store, task_id) == [(1, TaskState.FAILED)]
+
+
 def test_the_sweep_acts_once_the_parents_grace_is_over(world):
     # The parent lives but never records the death (its store writes failed).
     app, store, now, parent, child, task_id = world
@@ -119,12 +136,13 @@ def test_the_sweep_acts_once_the_parents_grace_is_over(world):
 def test_the_sweep_acts_at_once_when_the_parent_cannot_record(world, dead_pid, parent_is):
     app, store, now, parent, child, task_id = world
     at = now + timedelta(seconds=1.5)
-    if parent_is == "silent":  # paused or cut off: its last beat is two intervals old
+    if parent_is == "silent":  # paused or cut off: silent past the zombie threshold
+        silent = TIMING["zombie_threshold"] + 0.5
         with store.transaction() as conn:
             conn.execute(
                 update(jobs)
                 .where(jobs.c.id == parent)
-                .values(latest_heartbeat=at - timedelta(seconds=2.5))
+                .values(latest_heartbeat=at - timedelta(seconds=silent))
             )
     elif parent_is == "gone":  # killed with its pool process
         pid, marker = dead_pid
