@@ -45,13 +45,18 @@ class SessionProcess:
     """A ``celery`` command in its own session, logging to a file: its whole process group
     can be signalled or SIGKILLed at once, as an OOM kill or an eviction would."""
 
-    def __init__(self, command: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, command: list[str], env: dict[str, str], log_path: Path, cwd: Path = ROOT
+    ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in kill()/stop()
+        # A project of its own (tests/django/project) runs from its folder, as
+        # `celery -A proj worker` is run from a Django project's.
+        path = os.pathsep.join(dict.fromkeys((str(cwd), str(ROOT))))
         self.proc = subprocess.Popen(
             command,
-            cwd=ROOT,
-            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            cwd=cwd,
+            env={**os.environ, **env, "PYTHONPATH": path},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -90,6 +95,7 @@ class WorkerProcess(SessionProcess):
         queue: str = "celery",
         extra_args: tuple[str, ...] = (),
         prefix: tuple[str, ...] = (),
+        cwd: Path = ROOT,
     ) -> None:
         self.name = name
         #: The node's name before ``@``: unique, because RabbitMQ keeps a killed worker's
@@ -119,7 +125,7 @@ class WorkerProcess(SessionProcess):
             *extra_args,
         ]
         # CI runs as root, and some tests send pickled arguments on purpose.
-        super().__init__(command, {"C_FORCE_ROOT": "1", **env}, log_path)
+        super().__init__(command, {"C_FORCE_ROOT": "1", **env}, log_path, cwd)
 
     def owns(self, node_name: str) -> bool:
         """True when ``node_name`` (``name@host``, as a job records it) is this worker's."""

@@ -57,6 +57,8 @@ class RunLedger:
         self._unconfirmed: dict[str, str] = {}
         #: Runs published in this tick, to record sent at its end: (name, task id, outcome).
         self._sent: list[tuple[str, str, str]] = []
+        #: Rows of the runs recorded sent since :meth:`take_recorded` was last called.
+        self._recorded: list[BeatEntryRow] = []
 
     def load(self, entries: Mapping[str, Any], gained: bool) -> None:
         """Register ``entries`` (new ones start now) and read every row."""
@@ -252,7 +254,13 @@ class RunLedger:
                 }
             )
             metrics.beat_runs(outcome)
+            self._recorded.append(row.copy())
         return done
+
+    def take_recorded(self) -> list[BeatEntryRow]:
+        """The rows of the runs recorded sent since the last call, as each record left them."""
+        recorded, self._recorded = self._recorded, []
+        return recorded
 
     def _reread(self, name: str, won: bool) -> None:
         """Read the entry's row again: what was just changed, or what another beat did."""

@@ -76,10 +76,18 @@ class EntryPolicy:
     overlap: Overlap = Overlap.ALLOW
 
     @classmethod
-    def of(cls, name: str, options: Mapping[str, Any] | None, window: float) -> EntryPolicy:
+    def of(
+        cls,
+        name: str,
+        options: Mapping[str, Any] | None,
+        window: float,
+        where: str | None = None,
+    ) -> EntryPolicy:
         """The policy of entry ``name`` from its ``options``; ``window`` is the default
-        catch-up window.  Bad values raise :class:`ConfigurationError` naming them."""
-        where = f"beat_schedule[{name!r}]['options'][{OPTION!r}]"
+        catch-up window.  Bad values raise :class:`ConfigurationError` naming them, and
+        ``where`` the policy was written (the entry's ``options`` in ``beat_schedule``
+        unless given)."""
+        where = where or f"beat_schedule[{name!r}]['options'][{OPTION!r}]"
         given = (options or {}).get(OPTION)
         if given is None:
             return cls(CatchUp.LATEST, window)

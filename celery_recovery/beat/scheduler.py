@@ -2,11 +2,12 @@
 
 ``celery -A proj beat -S celery_recovery.beat:Scheduler`` (or
 ``beat_scheduler = "celery_recovery.beat:Scheduler"``) runs the app's
-``beat_schedule`` unchanged.  Each entry's state is a row in the store, not a
-local ``celerybeat-schedule`` file.  Only the beat holding the lease
-(:mod:`.leadership`) sends; when an entry is due, its policies
-(:mod:`.policy`) decide which runs to send and which are missed, and the
-ledger (:mod:`.ledger`) claims and sends them.
+``beat_schedule`` unchanged, or django-celery-beat's models
+(``recovery_beat_entries = "django"``, :mod:`.django_entries`).  Each entry's
+state is a row in the store, not a local ``celerybeat-schedule`` file.  Only
+the beat holding the lease (:mod:`.leadership`) sends; when an entry is due,
+its policies (:mod:`.policy`) decide which runs to send and which are missed,
+and the ledger (:mod:`.ledger`) claims and sends them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from celery import beat as celery_beat
 
 from celery_recovery import metrics
+from celery_recovery.beat.entries import Entries, EntryBounds, EntrySource
 from celery_recovery.beat.leadership import LEASE, Leadership
 from celery_recovery.beat.ledger import RunLedger, iso
 from celery_recovery.beat.overlap import previous_run_going
@@ -27,6 +29,7 @@ from celery_recovery.beat.times import due_times, next_after
 from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.audit import AuditReason
 from celery_recovery.core.errors import ConfigurationError, StoreError
+from celery_recovery.core.settings import RecoverySettings
 
 logger = logging.getLogger("celery_recovery.beat")
 
@@ -55,6 +58,9 @@ class Scheduler(celery_beat.Scheduler):
             context.store, context.settings, context.clock, health=context.runtime.health
         )
         self.policies: dict[str, EntryPolicy] = {}
+        #: Where the entries come from when not the app's beat_schedule, and their bounds.
+        self.source: EntrySource | None = None
+        self.bounds: dict[str, EntryBounds] = {}
         self.ledger = RunLedger(context, self.leadership, app, lambda: self.producer)
         self._next: dict[str, tuple[datetime, datetime]] = {}
         #: Entries whose schedule raised, and when to try them again (monotonic).
@@ -65,6 +71,10 @@ class Scheduler(celery_beat.Scheduler):
     # -- Celery's hooks ----------------------------------------------------------
 
     def setup_schedule(self) -> None:
+        self.source = entry_source(self.app, self.context.settings)
+        if self.source is not None:
+            self._use(self.source.load())
+            return
         super().setup_schedule()
         window = self.context.settings.beat_catch_up_window
         self.policies = {
@@ -92,6 +102,7 @@ class Scheduler(celery_beat.Scheduler):
     def info(self) -> str:
         return (
             f"    . store -> {self.context.settings.masked_database_url}\n"
+            f"    . entries -> {self.context.settings.beat_entries}\n"
             f"    . lead -> lease {LEASE!r}, {self.leadership.ttl:g}s, "
             f"holder {self.leadership.holder}"
         )
@@ -110,6 +121,9 @@ class Scheduler(celery_beat.Scheduler):
             metrics.beat_lead(taken=True)
         if not self.leadership.leading:
             return self.leadership.wait() or self.leadership.renew_every
+        # Only the leader asks: a standby sends nothing, and reads the changes when it leads.
+        if self.source is not None and (changed := self.source.poll()) is not None:
+            self._use(changed)
         if gained or set(self.ledger.rows) != set(self.schedule):
             self.ledger.load(self.schedule, gained)
         self.ledger.start_tick()
@@ -120,7 +134,17 @@ class Scheduler(celery_beat.Scheduler):
             soonest = min(soonest, self._entry_tick(name, entry))
         for name in self.ledger.confirm():
             self._mirror(name)
+        recorded = self.ledger.take_recorded()
+        if self.source is not None and recorded:
+            self.source.record_sent(recorded)
         return max(0.0, min(soonest, self.leadership.wait()))
+
+    def _use(self, entries: Entries) -> None:
+        """Run ``entries`` from now on (a source's read); their next times are computed anew."""
+        self.schedule = entries.entries
+        self.policies, self.bounds = entries.policies, entries.bounds
+        self._next.clear()
+        self._failing.clear()
 
     def _entry_tick(self, name: str, entry: Any) -> float:
         """Send what entry ``name`` has due; returns seconds until it is due again."""
@@ -148,10 +172,18 @@ class Scheduler(celery_beat.Scheduler):
             # Sent (or confirmed) now, recorded at the tick's end: decided on the next.
             return 0.0 if self.ledger.send_pending(name, entry) else self.leadership.renew_every
         now = self.context.clock()
-        upcoming = self._upcoming(name, entry, row["last_run_at"], now)
+        last, bounds = row["last_run_at"], self.bounds.get(name)
+        if bounds is not None:
+            ended = bounds.ended(row, now)
+            if ended is not None:
+                if self.source is not None:
+                    self.source.finish(name, ended)
+                return float(self.max_interval)
+            last = bounds.last(last)
+        upcoming = self._upcoming(name, entry, last, now)
         if upcoming > now:
             return (upcoming - now).total_seconds()
-        return self._decide(name, entry, now)
+        return self._decide(name, entry, last, now)
 
     def _upcoming(self, name: str, entry: Any, last: datetime, now: datetime) -> datetime:
         cached = self._next.get(name)
@@ -160,15 +192,16 @@ class Scheduler(celery_beat.Scheduler):
             self._next[name] = cached
         return cached[1]
 
-    def _decide(self, name: str, entry: Any, now: datetime) -> float:
-        """Apply the entry's policies to its due runs, claim and send them; returns the
-        seconds until the entry should be looked at again."""
+    def _decide(self, name: str, entry: Any, last: datetime, now: datetime) -> float:
+        """Apply the entry's policies to its due runs after ``last``, claim and send them;
+        returns the seconds until the entry should be looked at again."""
         row = self.ledger.rows[name]
         policy = self.policies.get(name) or EntryPolicy.of(
             name, entry.options, self.context.settings.beat_catch_up_window
         )
-        due = due_times(entry.schedule, row["last_run_at"], now, window_start(policy, now))
-        limit = 1 if policy.one_at_a_time else SENDS_PER_TICK
+        due = due_times(entry.schedule, last, now, window_start(policy, now))
+        once = name in self.bounds and self.bounds[name].once
+        limit = 1 if policy.one_at_a_time or once else SENDS_PER_TICK
         plan = plan_runs(policy, due.listed, now, due.passed, due.passed_last, limit)
         cause = (
             "held behind the previous run (overlap=buffer_one)"
@@ -205,6 +238,21 @@ class Scheduler(celery_beat.Scheduler):
         if row is not None and scheduled is not None and row.get("last_sent_run_at"):
             scheduled.last_run_at = row["last_sent_run_at"]
             scheduled.total_run_count = row.get("total_run_count", 0)
+
+
+def entry_source(app: Any, settings: RecoverySettings) -> EntrySource | None:
+    """The source ``recovery_beat_entries`` names; None for the app's ``beat_schedule``."""
+    if settings.beat_entries != "django":
+        return None
+    try:
+        # Imported here only: a project without Django never imports it.
+        from celery_recovery.beat.django_entries import DjangoEntries
+    except ImportError as exc:
+        raise ConfigurationError(
+            "recovery_beat_entries='django' needs Django and django-celery-beat: "
+            f"`pip install django-celery-beat` ({exc})"
+        ) from exc
+    return DjangoEntries(app, settings.beat_catch_up_window)
 
 
 def _serve_metrics(port: int | None) -> None:

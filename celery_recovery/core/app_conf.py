@@ -24,6 +24,10 @@ from celery_recovery.core.log_once import LogOnce
 logger = logging.getLogger("celery_recovery")
 
 PREFIX = "recovery_"
+#: Names under our prefix that are no setting of the app's: ``CELERY_RECOVERY_APP`` is
+#: the Django setting naming the app itself (the admin pages, contrib/django), found
+#: among a Django project's ``CELERY_*`` settings without being one of ours.
+NOT_APP_SETTINGS = frozenset({"app"})
 
 _warned: weakref.WeakKeyDictionary[Any, LogOnce] = weakref.WeakKeyDictionary()
 
@@ -51,7 +55,7 @@ def read_app_conf(app: Any) -> AppConfValues:
     unread: dict[str, tuple[str, Any]] = {}
     for key in sorted(keys):
         name, readable = _classify(key, namespace)
-        if name is None:
+        if name is None or name in NOT_APP_SETTINGS:
             continue
         if not readable:
             unread[key] = (_readable_key(name, namespace), _raw(conf, key))

@@ -79,6 +79,10 @@ DEFAULT_LIVENESS_MARKERS = "auto"
 LIVENESS_MARKER_MODES = ("auto", "process", "off")
 #: Seconds a missed beat run may be late and still be sent (``catch_up`` "latest"/"all").
 DEFAULT_BEAT_CATCH_UP_WINDOW = 86400.0
+#: Where celery_recovery.beat:Scheduler takes its entries from.
+DEFAULT_BEAT_ENTRIES = "beat_schedule"
+#: The values of recovery_beat_entries.
+BEAT_ENTRY_SOURCES = ("beat_schedule", "django")
 #: Port on which sweep and triggerer processes serve Prometheus metrics; None serves nothing.
 DEFAULT_METRICS_PORT: int | None = None
 #: Whether a worker runs the doctor once at start and logs what it finds.
@@ -268,6 +272,11 @@ def _on_stalled(key: str, value: Any) -> str:
 def _database_pooler(key: str, value: Any) -> str:
     """Pooler mode: ``auto``, ``none`` or ``transaction``."""
     return _one_of(key, value, DATABASE_POOLER_MODES, "a pooler mode")
+
+
+def _beat_entries(key: str, value: Any) -> str:
+    """Source: ``beat_schedule`` or ``django``."""
+    return _one_of(key, value, BEAT_ENTRY_SOURCES, "a source of beat entries")
 
 
 def unknown_outcome(key: str, value: Any) -> str:
@@ -560,6 +569,17 @@ SETTINGS: tuple[SettingSpec, ...] = (
         "s",
     ),
     SettingSpec(
+        "beat_entries",
+        DEFAULT_BEAT_ENTRIES,
+        _beat_entries,
+        "With `celery_recovery.beat:Scheduler`: where its entries come from. `beat_schedule`: "
+        "the app's `beat_schedule`, read at start. `django`: django-celery-beat's models "
+        "(`PeriodicTask` and its schedules, as edited in the Django admin; changes are picked "
+        "up within seconds), after the app's `beat_schedule` is written into them as "
+        "django-celery-beat's `DatabaseScheduler` does. A Django project sets "
+        '`CELERY_RECOVERY_BEAT_ENTRIES = "django"`. See docs/beat.md.',
+    ),
+    SettingSpec(
         "metrics_port",
         DEFAULT_METRICS_PORT,
         _port,
@@ -651,6 +671,7 @@ class RecoverySettings:
     trigger_allowed_modules: tuple[str, ...] | None = None
     liveness_markers: str = DEFAULT_LIVENESS_MARKERS
     beat_catch_up_window: float = DEFAULT_BEAT_CATCH_UP_WINDOW
+    beat_entries: str = DEFAULT_BEAT_ENTRIES
     metrics_port: int | None = DEFAULT_METRICS_PORT
     doctor_at_start: bool = DEFAULT_DOCTOR_AT_START
     longest_eta: float | None = DEFAULT_LONGEST_ETA

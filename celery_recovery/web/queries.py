@@ -4,6 +4,7 @@ queries, so a page stays fast with millions of tries.
 Lists use keyset pagination (``before``: the last key of the previous page),
 never ``OFFSET``: page 1,000 costs what page 1 costs.  Task arguments are
 replaced by :data:`HIDDEN` unless the console was started with ``--show-args``.
+The Django admin pages (contrib/django) call the same queries.
 """
 
 from __future__ import annotations
@@ -55,11 +56,17 @@ class ConsoleQueries(OverviewQueries):
     """The console's read-only view of one store."""
 
     def __init__(
-        self, store: ReadOnlyStore, settings: RecoverySettings, show_args: bool = False
+        self,
+        store: ReadOnlyStore,
+        settings: RecoverySettings,
+        show_args: bool = False,
+        hidden: str = HIDDEN,
     ) -> None:
         self.store = store
         self.settings = settings
         self.show_args = show_args
+        #: What stands in for hidden arguments: the console's says how to show them.
+        self.hidden = hidden
 
     # -- recoveries (the audit log) ---------------------------------------------
 
@@ -93,34 +100,58 @@ class ConsoleQueries(OverviewQueries):
     def search(self, query: str, before: str | None = None, limit: int | None = None) -> Page:
         """Tries whose task id is ``query``, else tries of the task named ``query``, newest
         first (keyset on ``queued_at`` and the try's key)."""
-        size = page_size(limit)
         query = query.strip()
+        by_id = self.tries_of(query)
+        if by_id:
+            return Page(by_id, None)
+        return self.tries(before, limit, task_name=query)
+
+    def tries_of(self, task_id: str) -> list[dict[str, Any]]:
+        """Every try of one task, newest first, without arguments ([] for an unknown id)."""
+        stmt = (
+            select(*self._try_columns())
+            .where(task_records.c.task_id == task_id)
+            .order_by(task_records.c.try_number.desc())
+        )
         with self.store.reading() as conn:
-            by_id = (
-                select(*self._try_columns())
-                .where(task_records.c.task_id == query)
-                .order_by(task_records.c.try_number.desc())
+            return fetch_rows(conn, stmt)
+
+    def tries(
+        self,
+        before: str | None = None,
+        limit: int | None = None,
+        task_name: str | None = None,
+        state: str | None = None,
+        job_id: str | None = None,
+    ) -> Page:
+        """Tries newest first (keyset on ``queued_at`` and the try's key), without arguments:
+        of one task name (on its index), in one state, run by one job."""
+        size = page_size(limit)
+        stmt = (
+            select(*self._try_columns())
+            .where(task_records.c.queued_at.is_not(None))
+            .order_by(
+                task_records.c.queued_at.desc(),
+                task_records.c.task_id.desc(),
+                task_records.c.try_number.desc(),
             )
-            rows = [dict(r) for r in conn.execute(by_id).mappings()]
-            if rows:
-                return Page(rows, None)
-            stmt = (
-                select(*self._try_columns())
-                .where(task_records.c.task_name == query, task_records.c.queued_at.is_not(None))
-                .order_by(
-                    task_records.c.queued_at.desc(),
-                    task_records.c.task_id.desc(),
-                    task_records.c.try_number.desc(),
-                )
-                .limit(size + 1)
+            .limit(size + 1)
+        )
+        for column, value in (
+            (task_records.c.task_name, task_name),
+            (task_records.c.state, state),
+            (task_records.c.job_id, job_id),
+        ):
+            if value:
+                stmt = stmt.where(column == value)
+        cursor = _try_cursor(before)
+        if cursor is not None:
+            key = tuple_(
+                task_records.c.queued_at, task_records.c.task_id, task_records.c.try_number
             )
-            cursor = _try_cursor(before)
-            if cursor is not None:
-                key = tuple_(
-                    task_records.c.queued_at, task_records.c.task_id, task_records.c.try_number
-                )
-                stmt = stmt.where(key < tuple_(*cursor))
-            rows = [dict(r) for r in conn.execute(stmt).mappings()]
+            stmt = stmt.where(key < tuple_(*cursor))
+        with self.store.reading() as conn:
+            rows = fetch_rows(conn, stmt)
         return _page(
             rows,
             size,
@@ -247,7 +278,7 @@ class ConsoleQueries(OverviewQueries):
         if not self.show_args:
             for column in ARGUMENT_COLUMNS:
                 if record.get(column) is not None:
-                    record[column] = HIDDEN
+                    record[column] = self.hidden
 
     def _heartbeat(self, row: dict[str, Any] | None) -> dict[str, Any] | None:
         """A try's last ``heartbeat()``; its details are the task's data, hidden like
@@ -256,7 +287,7 @@ class ConsoleQueries(OverviewQueries):
             return None
         details = row["details"]
         hidden = not self.show_args and details is not None
-        return {"beat_at": row["beat_at"], "details": HIDDEN if hidden else details}
+        return {"beat_at": row["beat_at"], "details": self.hidden if hidden else details}
 
     def _trigger(self, row: dict[str, Any]) -> dict[str, Any]:
         kwargs = row["kwargs"] if isinstance(row.get("kwargs"), dict) else {}
@@ -264,14 +295,14 @@ class ConsoleQueries(OverviewQueries):
         if not self.show_args:
             for column in ("kwargs", "method_kwargs", "event"):
                 if row.get(column) is not None:
-                    row[column] = HIDDEN
+                    row[column] = self.hidden
         return row
 
     def _callback(self, row: dict[str, Any]) -> dict[str, Any]:
         payload = row.get("payload")
         if not self.show_args and isinstance(payload, dict):
             row["payload"] = {
-                k: (HIDDEN if k in ("args", "kwargs") and v else v) for k, v in payload.items()
+                k: (self.hidden if k in ("args", "kwargs") and v else v) for k, v in payload.items()
             }
         return row
 
