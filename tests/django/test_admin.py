@@ -104,7 +104,7 @@ def test_a_killed_workers_task_is_told_in_the_admin(
     app = admin_store
     # Given a task of the project running on a worker that is then SIGKILLed
     doomed = start_django_worker("doomed", concurrency=1)
-    result = app.send_task("shop.tasks.work", args=["card-4242-secret", 4.0])
+    result = app.send_task("shop.tasks.work", args=["card-4242-secret", 0.5, 60.0])
     first = running_try(store, result.id)
     dead = store.jobs.get_job(first["job_id"])
     doomed.kill()

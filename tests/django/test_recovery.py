@@ -29,7 +29,7 @@ from tests.workers import ROOT, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
 #: Kill to every task done again elsewhere, with the fast settings (2 s threshold, 1 s
-#: sweeps) and 2 s bodies, on a loaded CI machine.
+#: sweeps) and short re-runs, on a loaded CI machine.
 KILL_BOUND = 25.0
 
 
@@ -83,7 +83,8 @@ def test_a_killed_workers_tasks_are_recovered_by_the_sweeper_the_readme_starts(
     sweeper = start_django_process("recovery", "sweep", "--loop", name="sweeper")
     doomed = start_django_worker("doomed")
     results = [
-        django_client_app.send_task("shop.tasks.work", args=[f"order-{i}", 2.0]) for i in range(2)
+        django_client_app.send_task("shop.tasks.work", args=[f"order-{i}", 0.5, 60.0])
+        for i in range(2)
     ]
     wait_for(lambda: all(body_runs(r.id) == 1 for r in results), 20, what="both bodies to start")
     start_django_worker("survivor")
@@ -117,7 +118,7 @@ def test_beats_sweep_entry_recovers_a_killed_workers_task(
     )
     doomed = start_django_worker("doomed", concurrency=1)
     survivor = start_django_worker("survivor", concurrency=1)
-    result = django_client_app.send_task("shop.tasks.work", args=["by-beat", 2.0])
+    result = django_client_app.send_task("shop.tasks.work", args=["by-beat", 0.5, 60.0])
     wait_for(lambda: body_runs(result.id) == 1, 20, what="the body to start")
     (running,) = [w for w in (doomed, survivor) if w.owns(running_node(store, result.id))]
     running.kill()
@@ -273,7 +274,7 @@ def test_a_sweeper_failing_every_pass_is_noticed_and_the_workers_sweep_instead(
         "recovery", "sweep", "--loop", name="sweeper", RECOVERY_TEST_DJANGO_DB="no_such_database"
     )
     doomed = start_django_worker("doomed", concurrency=1)
-    result = django_client_app.send_task("shop.tasks.work", args=["noticed", 2.0])
+    result = django_client_app.send_task("shop.tasks.work", args=["noticed", 0.5, 60.0])
     wait_for(lambda: body_runs(result.id) == 1, 20, what="the body to start")
     doomed.kill()
 
@@ -290,7 +291,8 @@ def test_a_sweeper_failing_every_pass_is_noticed_and_the_workers_sweep_instead(
     # the console says the sweeps fail,
     with console_client(store_url) as client:
         last = client.get("/api/overview").json()["last_sweep"]
-    assert last["report"]["failing_steps"] == ["zombies"] and last["clean_age"] > 3
+    assert last["report"]["failing_steps"] == ["zombies"]
+    assert last["clean_age"] is None or last["age"] < last["clean_age"], last
     assert "failing_steps='zombies'" in sweeper.log
 
     # and a worker started now sweeps in its stead (its fallback), which recovers the task.
