@@ -114,8 +114,12 @@ def run_role(
     from celery_recovery.core.settings import RecoverySettings
     from celery_recovery.core.states import JobType, TaskState
     from celery_recovery.core.timeutils import utcnow
-    from celery_recovery.messages import capture_publish, claim_from_request, record_from_capture
-    from celery_recovery.runtime import ProcessRuntime
+    from celery_recovery.messages.records import (
+        capture_publish,
+        claim_from_request,
+        record_from_capture,
+    )
+    from celery_recovery.runtime.process import ProcessRuntime
     from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
     from celery_recovery.store import Store
 

@@ -25,10 +25,10 @@ from datetime import timedelta
 from sqlalchemy import create_engine, text
 
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.retention import clean
 from celery_recovery.store import Store
 from celery_recovery.store.engine import create_store_engine
 from celery_recovery.store.migrate import upgrade
+from celery_recovery.sweeps.retention import clean
 
 ADMIN_URL = os.environ.get(
     "RECOVERY_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -65,7 +65,7 @@ def _thread_cpu(native_id: int) -> float | None:
 
 
 def _watch_writers() -> None:
-    from celery_recovery.write_behind import WriteBehindWriter
+    from celery_recovery.runtime.write_behind import WriteBehindWriter
 
     run = WriteBehindWriter._run
 

@@ -102,7 +102,7 @@ def _drain(installed: Any) -> None:
     then forgotten (records kept for the whole run would make the garbage collector's
     passes ever longer)."""
     if installed is not None:
-        from celery_recovery.write_behind import _resolved
+        from celery_recovery.runtime.write_behind import _resolved
 
         writer = installed.runtime.writer
         _resolved(list(writer._pending))
@@ -189,7 +189,7 @@ def _claim(now: Any) -> dict[str, Any]:
 
 def _queued(now: Any) -> dict[str, Any]:
     from celery_recovery.core.states import TaskState
-    from celery_recovery.messages import encode_json
+    from celery_recovery.messages.records import encode_json
 
     task_id = str(uuid.uuid4())
     return {

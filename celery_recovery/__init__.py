@@ -20,8 +20,8 @@ from celery_recovery.core.errors import (
 )
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import DEFERRED_STATE, JobState, JobType, TaskState
-from celery_recovery.deferral import TaskDeferred, defer
-from celery_recovery.recoverable import current_fencing_token, recoverable
+from celery_recovery.deliveries.deferral import TaskDeferred, defer
+from celery_recovery.deliveries.recoverable import current_fencing_token, recoverable
 from celery_recovery.recovery import Recovery
 from celery_recovery.task_heartbeats import heartbeat, heartbeat_details
 from celery_recovery.triggers import (

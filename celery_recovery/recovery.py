@@ -11,16 +11,16 @@ from typing import Any
 from celery import Celery
 
 from celery_recovery import signals, task_heartbeats
-from celery_recovery.canvas import install_chord_body_once
-from celery_recovery.context import RecoveryContext, install, uninstall
 from celery_recovery.core.records import SweepReport
 from celery_recovery.core.settings import RecoverySettings
-from celery_recovery.retention import register_clean_task
-from celery_recovery.runtime import ProcessRuntime
+from celery_recovery.deliveries.canvas import install_chord_body_once
+from celery_recovery.runtime.context import RecoveryContext, install, uninstall
+from celery_recovery.runtime.process import ProcessRuntime
 from celery_recovery.signals.reservations import ForgetReservationsOnReconnect
 from celery_recovery.signals.tasks import hook_task_classes
 from celery_recovery.store import Store
 from celery_recovery.sweeps.fallback import SweepFallback
+from celery_recovery.sweeps.retention import register_clean_task
 from celery_recovery.sweeps.runner import run_sweep
 from celery_recovery.sweeps.tasks import register_sweep_task
 

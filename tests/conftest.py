@@ -18,8 +18,8 @@ import pytest
 from kombu import Connection
 from sqlalchemy import create_engine, text
 
-from celery_recovery.context import installed
 from celery_recovery.recovery import recovery_for_app
+from celery_recovery.runtime.context import installed
 from celery_recovery.store import Store
 from celery_recovery.store.schema import metadata
 from tests.apps.lifecycle import create_app

@@ -25,10 +25,10 @@ from celery import chain, chord, group
 from kombu import Connection
 
 from celery_recovery import TaskState
-from celery_recovery.canvas import claim_name
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.deliveries.canvas import claim_name
+from celery_recovery.messages.republish import republish
 from celery_recovery.recovery import recovery_for_app
-from celery_recovery.republish import republish
 from celery_recovery.store import Claim
 from tests.apps.canvas_tasks import RUNNING_KEY
 from tests.apps.lifecycle import create_app

@@ -1,6 +1,6 @@
 """What a worker's claim carries: the message only when its publisher's record may be missing.
 
-Pure logic of :func:`celery_recovery.messages.claim_from_request`; the store side
+Pure logic of :func:`celery_recovery.messages.records.claim_from_request`; the store side
 (a narrow claim landing before or after the publisher's row) is in
 tests/store/test_store.py, and the canvas kill tests exercise a worker that
 publishes a chord body and dies with it running.
@@ -17,7 +17,7 @@ from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import (
+from celery_recovery.messages.records import (
     AWAITING_PUBLISHER,
     NARROW_CLAIM_AFTER,
     PUBLISHED_ON_HEADER,

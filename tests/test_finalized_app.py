@@ -2,7 +2,7 @@
 and every task's try is claimed once as it starts, also for tasks registered later.
 
 ``Recovery(app)`` wraps every task's ``__call__`` (to run a resumed try's
-method, see ``celery_recovery.deferral``).  When the app's tasks are finalized
+method, see ``celery_recovery.deliveries.deferral``).  When the app's tasks are finalized
 at import, that happens before the worker installs Celery's own ``__call__``,
 which runs the body on the request the worker pushed; a wrapper that held the
 method found at wrapping time pushed a copy of every request (a second entry

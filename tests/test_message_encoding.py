@@ -1,6 +1,6 @@
 """Arguments and headers are stored in kombu's JSON encoding, exactly.
 
-:func:`celery_recovery.messages.encode_json` keeps one C encoder instead of
+:func:`celery_recovery.messages.records.encode_json` keeps one C encoder instead of
 building one per call (the hot path encodes twice per task); what it writes
 must stay what ``kombu.utils.json.dumps`` writes, since a re-publish decodes
 it with kombu.  Pure logic: the worker tests record real messages.
@@ -19,8 +19,8 @@ from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import capture_publish, encode_json, record_from_capture
-from celery_recovery.republish import republish
+from celery_recovery.messages.records import capture_publish, encode_json, record_from_capture
+from celery_recovery.messages.republish import republish
 
 
 class _Reduced:

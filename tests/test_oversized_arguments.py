@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from celery_recovery import TaskState
-from celery_recovery.messages import MAX_RECORDED_PAYLOAD
+from celery_recovery.messages.records import MAX_RECORDED_PAYLOAD
 from tests.sweeps.helpers import sweep_until
 from tests.workers import flush_publisher, wait_for
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from celery_recovery import JobState, JobType
-from celery_recovery import sentry as recovery_sentry
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.sweeps.tasks import SWEEP_TASK
+from celery_recovery.telemetry import sentry as recovery_sentry
 from tests.sweeps.helpers import make_queued
 from tests.sweeps.test_races import make_zombie
 
@@ -185,7 +185,7 @@ def test_a_process_that_never_initialised_sentry_does_not_import_it():
     import sys
 
     probe = (
-        "import sys; from celery_recovery import sentry; "
+        "import sys; from celery_recovery.telemetry import sentry; "
         "print(sentry.active(), 'sentry_sdk' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -17,7 +17,7 @@ from celery.app.trace import trace_task
 from celery.exceptions import Ignore
 
 from celery_recovery import Recovery, TaskState
-from celery_recovery.deferral import RESUME_HEADER, resume_header
+from celery_recovery.deliveries.deferral import RESUME_HEADER, resume_header
 from celery_recovery.signals import tasks as task_hooks
 
 

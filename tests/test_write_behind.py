@@ -12,8 +12,8 @@ import time
 from celery_recovery.core.errors import StoreError, StoreUnavailableError
 from celery_recovery.core.records import Transition
 from celery_recovery.core.states import TaskState
-from celery_recovery.health import StoreHealth
-from celery_recovery.write_behind import RESERVATION_BURST, WriteBehindWriter
+from celery_recovery.runtime.health import StoreHealth
+from celery_recovery.runtime.write_behind import RESERVATION_BURST, WriteBehindWriter
 
 
 class FakeStore:

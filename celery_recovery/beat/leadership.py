@@ -26,7 +26,7 @@ from datetime import datetime
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.settings import RecoverySettings
-from celery_recovery.health import StoreHealth
+from celery_recovery.runtime.health import StoreHealth
 from celery_recovery.store import BEAT_LEASE, Fence, Store
 
 logger = logging.getLogger("celery_recovery.beat")

@@ -12,7 +12,7 @@ A run claimed and never confirmed sent (a failed publish, a leader killed or
 paused between 1 and 3) is taken over by the next leader: confirmed when the
 store holds its publish record (the publish happened), else sent again under
 the same task id marked as a possible copy
-(:func:`~celery_recovery.resends.sending_again`), which a worker drops if the
+(:func:`~celery_recovery.messages.resends.sending_again`), which a worker drops if the
 first copy already ran or runs.  The same leader retries its own on its next
 tick.
 """
@@ -25,14 +25,14 @@ from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from celery_recovery import metrics
 from celery_recovery.beat.leadership import LEASE, Leadership
 from celery_recovery.beat.policy import ON_TIME, RunPlan
 from celery_recovery.beat.publish import run_task_id, send_run
-from celery_recovery.context import RecoveryContext
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision, beat_decision
 from celery_recovery.core.records import BeatEntryRow
-from celery_recovery.resends import sending_again
+from celery_recovery.messages.resends import sending_again
+from celery_recovery.runtime.context import RecoveryContext
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.beat")
 

@@ -19,17 +19,17 @@ from typing import Any
 
 from celery import beat as celery_beat
 
-from celery_recovery import metrics
 from celery_recovery.beat.entries import Entries, EntryBounds, EntrySource
 from celery_recovery.beat.leadership import LEASE, Leadership
 from celery_recovery.beat.ledger import RunLedger, iso
 from celery_recovery.beat.overlap import previous_run_going
 from celery_recovery.beat.policy import EntryPolicy, Overlap, RunPlan, plan_runs, window_start
 from celery_recovery.beat.times import due_times, next_after
-from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.audit import AuditReason
 from celery_recovery.core.errors import ConfigurationError, StoreError
 from celery_recovery.core.settings import RecoverySettings
+from celery_recovery.runtime.context import RecoveryContext, context_for_app
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.beat")
 

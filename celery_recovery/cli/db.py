@@ -11,16 +11,16 @@ from celery_recovery.cli.support import CLIError, first_line, settings_of, store
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.core.urls import mask_secrets, mask_url
-from celery_recovery.retention import (
+from celery_recovery.store import RETENTION_TABLES, Store
+from celery_recovery.store.engine import create_store_engine
+from celery_recovery.store.migrate import current_revision, head_revision, upgrade
+from celery_recovery.sweeps.retention import (
     DEFAULT_BATCH_SIZE,
     check_tables,
     clean,
     count_expired,
     parse_cutoff,
 )
-from celery_recovery.store import RETENTION_TABLES, Store
-from celery_recovery.store.engine import create_store_engine
-from celery_recovery.store.migrate import current_revision, head_revision, upgrade
 
 
 @click.group()

@@ -40,7 +40,7 @@ def sweep(ctx: click.Context, loop: bool, as_json: bool, metrics_port: int | Non
     import json
     import time
 
-    from celery_recovery import metrics, sentry
+    from celery_recovery.telemetry import metrics, sentry
 
     if metrics_port is not None and not loop:
         raise CLIError("--metrics-port needs --loop: a single sweep exits before any scrape")
@@ -125,7 +125,7 @@ def triggerer(
     logging.basicConfig(
         level=loglevel.upper(), format="[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"
     )
-    from celery_recovery import metrics
+    from celery_recovery.telemetry import metrics
 
     try:
         Triggerer(installed.context, names, capacity, metrics_port=metrics_port).run()

@@ -76,7 +76,7 @@ class WriteKind(StrEnum):
 #: Key of a ``running`` claim (a dict) that is completed when its batch is taken: the
 #: writer's thread pops the callable stored there and calls it with the claim, which
 #: by then holds the try's outcome if the task ended meanwhile (see
-#: :func:`celery_recovery.messages.claim_from_request`).
+#: :func:`celery_recovery.messages.records.claim_from_request`).
 COMPLETE_WHEN_WRITTEN = "_complete_when_written"
 
 

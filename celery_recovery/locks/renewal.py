@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from celery_recovery import metrics
 from celery_recovery.locks.redis_lock import IdempotencyLocks
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.locks")
 

@@ -4,7 +4,7 @@ Celery sends no signal for them, so :func:`connect` wraps the methods of
 :class:`celery.app.control.Control` (``revoke``, ``revoke_by_stamped_headers``,
 ``purge``) and the ``celery purge`` command, once per process.  The rows are
 written after the call succeeded; the lost-message sweep reads them (see
-:mod:`celery_recovery.revocations`).
+:mod:`celery_recovery.sweeps.revocations`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 from kombu.utils.functional import maybe_list
 
-from celery_recovery.context import context_for_app, installed
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.runtime.context import context_for_app, installed
 
 logger = logging.getLogger("celery_recovery.signals")
 
@@ -122,7 +122,7 @@ def _recovery_for(app: Any) -> Any:
 
     A process may build a second app object from the same configuration (test
     fixtures, scripts); its tasks' publishes are recorded by the one
-    installation too (see :func:`~celery_recovery.context.context_for_task_name`).
+    installation too (see :func:`~celery_recovery.runtime.context.context_for_task_name`).
     """
     found = context_for_app(app)
     if found is not None:

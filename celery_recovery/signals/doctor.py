@@ -7,7 +7,7 @@ from typing import Any
 
 from celery.signals import worker_ready
 
-from celery_recovery.context import context_for_app
+from celery_recovery.runtime.context import context_for_app
 from celery_recovery.signals.guard import never_raises
 
 

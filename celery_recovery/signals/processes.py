@@ -27,14 +27,14 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from celery_recovery import metrics
-from celery_recovery.context import RecoveryContext, context_for_app, installed
 from celery_recovery.core.states import JobState, JobType
 from celery_recovery.liveness.job import start_lock_marker
 from celery_recovery.liveness.postgres import stop_holder
+from celery_recovery.runtime.context import RecoveryContext, context_for_app, installed
 from celery_recovery.signals.guard import never_raises
 from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
 from celery_recovery.stalls import start_watch, stop_watch
+from celery_recovery.telemetry import metrics
 
 
 def _current() -> RecoveryContext | None:

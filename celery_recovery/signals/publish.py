@@ -17,12 +17,16 @@ from typing import Any
 
 from celery.signals import after_task_publish, before_task_publish
 
-from celery_recovery.context import context_for_task_name
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import WriteKind
-from celery_recovery.messages import PUBLISHED_ON_HEADER, capture_publish, record_from_capture
-from celery_recovery.republish import PUBLISHED_AT_HEADER
-from celery_recovery.resends import RESENT_HEADER, resent_hops
+from celery_recovery.messages.records import (
+    PUBLISHED_ON_HEADER,
+    capture_publish,
+    record_from_capture,
+)
+from celery_recovery.messages.republish import PUBLISHED_AT_HEADER
+from celery_recovery.messages.resends import RESENT_HEADER, resent_hops
+from celery_recovery.runtime.context import context_for_task_name
 from celery_recovery.signals.guard import handler_failed
 
 _staged = threading.local()

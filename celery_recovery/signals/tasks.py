@@ -12,7 +12,7 @@ land as one row write.  If an outcome is lost, the sweeps reconcile it from
 the result backend.  Exceptions and retry reasons are kept aside by
 ``task_failure`` / ``task_retry`` and written once, at ``task_postrun``.
 The same signals sent from the worker's main process about a pool process
-that died are handled by :mod:`celery_recovery.worker_lost`.
+that died are handled by :mod:`celery_recovery.deliveries.worker_lost`.
 """
 
 from __future__ import annotations
@@ -34,19 +34,16 @@ from celery.signals import (
     worker_init,
 )
 
-from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.errors import LostWorkerError, StoreError
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deferral import install_resume, note_delivery, was_deferred
-from celery_recovery.messages import claim_from_request, published_alongside, try_number_of
-from celery_recovery.postpone import was_postponed
-from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
-from celery_recovery.signals.guard import handler_failed, never_raises
-from celery_recovery.time_limits import install as install_time_limits
-from celery_recovery.time_limits import note_failure_signal, soft_limit_reason
-from celery_recovery.worker_lost import (
+from celery_recovery.deliveries.deferral import install_resume, note_delivery, was_deferred
+from celery_recovery.deliveries.postpone import was_postponed
+from celery_recovery.deliveries.redundant_deliveries import drop_if_redundant, was_dropped
+from celery_recovery.deliveries.time_limits import install as install_time_limits
+from celery_recovery.deliveries.time_limits import note_failure_signal, soft_limit_reason
+from celery_recovery.deliveries.worker_lost import (
     claim_counting_deaths,
     failing_request,
     install_failure_context,
@@ -55,6 +52,9 @@ from celery_recovery.worker_lost import (
     record_lost_retry,
     store_refused_failure,
 )
+from celery_recovery.messages.records import claim_from_request, published_alongside, try_number_of
+from celery_recovery.runtime.context import RecoveryContext, context_for_app
+from celery_recovery.signals.guard import handler_failed, never_raises
 
 logger = logging.getLogger("celery_recovery.signals")
 

@@ -28,14 +28,14 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from celery_recovery import metrics
-from celery_recovery.context import RecoveryContext
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.consumer import ConsumerFacts, Probe, StallJudge
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import from_timestamp, utcnow
+from celery_recovery.runtime.context import RecoveryContext
 from celery_recovery.stalls.broker import ready_messages
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.stalls")
 

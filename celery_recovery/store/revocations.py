@@ -2,7 +2,7 @@
 
 Rows are only inserted and
 read: the lost-message sweep consults them before it publishes an overdue
-queued try again (see :mod:`celery_recovery.revocations`); ``db clean`` ages
+queued try again (see :mod:`celery_recovery.sweeps.revocations`); ``db clean`` ages
 them out.
 """
 
@@ -19,7 +19,7 @@ from celery_recovery.store.schema import revocations
 
 
 class RevocationRepository(Repository):
-    """Store methods for :mod:`celery_recovery.revocations`."""
+    """Store methods for :mod:`celery_recovery.sweeps.revocations`."""
 
     def record_revocations(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert revocation rows (``kind`` task/stamp/purge, ``created_at``, and their key)."""

@@ -33,12 +33,12 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import task_failure
 
-from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
 from celery_recovery.core.records import CallbackStep
-from celery_recovery.result_backends import caller_request
+from celery_recovery.messages.result_backends import caller_request
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.callbacks")
 

@@ -9,18 +9,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import JobRow, SweepReport
 from celery_recovery.core.states import JobType
 from celery_recovery.core.urls import mask_secrets
+from celery_recovery.telemetry import metrics
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from celery_recovery.context import RecoveryContext
     from celery_recovery.core.settings import RecoverySettings
+    from celery_recovery.runtime.context import RecoveryContext
     from celery_recovery.store import Store
 
 logger = logging.getLogger("celery_recovery.sweep")

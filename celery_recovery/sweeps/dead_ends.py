@@ -15,12 +15,12 @@ was stored ran it, or there was none to run.
 
 from __future__ import annotations
 
-from celery_recovery import metrics
 from celery_recovery.core.audit import AuditReason
 from celery_recovery.core.states import RETRY_RECONCILED_REASON, TaskState
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.probed import count_reset
 from celery_recovery.sweeps.resets import reset
+from celery_recovery.telemetry import metrics
 
 
 def sweep_retries_never_sent(ctx: SweepContext) -> None:

@@ -23,7 +23,7 @@ from celery_recovery.core.errors import StoreError
 from celery_recovery.sweeps.runner import CLEAN_SWEEP, run_sweep
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.sweep")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery_recovery import metrics, sentry
 from celery_recovery.core.states import JobType
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.second_opinion import ask
+from celery_recovery.telemetry import metrics, sentry
 
 logger = logging.getLogger("celery_recovery.sweep")
 

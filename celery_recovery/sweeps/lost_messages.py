@@ -4,7 +4,7 @@ A message can vanish between publisher and worker (a broker restart without
 persistence, a purge made outside Celery, a transport that keeps
 unacknowledged messages only in a worker's memory, a worker SIGKILLed holding
 prefetched messages).  A try that was revoked, expired or purged through a
-Recovery app ends ``revoked`` instead (:mod:`celery_recovery.revocations`).  Only our
+Recovery app ends ``revoked`` instead (:mod:`celery_recovery.sweeps.revocations`).  Only our
 publish-time record can tell "still queued" from "lost": the result backend
 reads ``PENDING`` for both.  For a later try the backend still shows what the
 earlier try left there (``RETRY``, or ``STARTED`` by a process now dead), or
@@ -19,16 +19,16 @@ from typing import Any
 
 from celery import states
 
-from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import SweepOutcome, TryRow
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
-from celery_recovery.probe import Probe, never_started
-from celery_recovery.revocations import revoked_because
+from celery_recovery.messages.backend_probe import Probe, never_started
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.revocations import revoked_because
 from celery_recovery.sweeps.untold import untold_because
+from celery_recovery.telemetry import metrics, sentry
 
 
 def sweep_lost_messages(ctx: SweepContext) -> None:
@@ -102,7 +102,7 @@ def _revoke(ctx: SweepContext, record: Mapping[str, Any], why: str) -> str:
     """Give an overdue queued try the end its revoke, expiry or purge meant (compare-and-set).
 
     A delivery that still comes may claim it from there and run (see
-    :mod:`celery_recovery.revocations`).
+    :mod:`celery_recovery.sweeps.revocations`).
     """
     reason = f"not published again: {why}"
     if ctx.store.tries.reconcile_try(

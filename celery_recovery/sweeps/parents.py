@@ -1,8 +1,8 @@
 """A death has one judge: a pool process that dies under a live main process is its parent's.
 
 When a prefork pool process dies, the worker's main process sees it within
-about a second and records Celery's verdict (:mod:`celery_recovery.worker_lost`
-for ``WorkerLostError``, :mod:`celery_recovery.time_limits` for a hard time
+about a second and records Celery's verdict (:mod:`celery_recovery.deliveries.worker_lost`
+for ``WorkerLostError``, :mod:`celery_recovery.deliveries.time_limits` for a hard time
 limit), with the callbacks Celery runs on that version.  A sweep that judged
 the same death from the process marker or the heartbeat would reset the try
 as well: its body would run again and both ``on_retry`` and ``on_failure``

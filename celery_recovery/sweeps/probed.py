@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from celery_recovery import metrics
 from celery_recovery.core.records import JobRow, SweepOutcome, TryRow
-from celery_recovery.probe import UNKNOWN, Probe, probe_many
+from celery_recovery.messages.backend_probe import UNKNOWN, Probe, probe_many
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.telemetry import metrics
 
 Row = TypeVar("Row", bound=TryRow)
 LiveWorkers = dict[tuple[Any, Any], JobRow]

@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from celery_recovery import metrics
 from celery_recovery.core.states import TaskState
-from celery_recovery.probe import Probe, never_started
+from celery_recovery.messages.backend_probe import Probe, never_started
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
 from celery_recovery.sweeps.second_opinion import leave_partitioned
 from celery_recovery.sweeps.untold import untold_because
+from celery_recovery.telemetry import metrics
 
 
 def sweep_reserved(ctx: SweepContext) -> None:

@@ -16,10 +16,10 @@ from celery import states
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import ResetPlan, SweepOutcome
 from celery_recovery.core.states import TaskState
-from celery_recovery.dead_receives import republish_delay
-from celery_recovery.probe import Probe
-from celery_recovery.republish import republish
-from celery_recovery.result_backends import ROUTE_KEYS
+from celery_recovery.messages.backend_probe import Probe
+from celery_recovery.messages.dead_receives import republish_delay
+from celery_recovery.messages.republish import republish
+from celery_recovery.messages.result_backends import ROUTE_KEYS
 from celery_recovery.store import MESSAGE_COLUMNS, unreadable
 from celery_recovery.sweeps.context import SweepContext
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from celery_recovery import metrics
 from celery_recovery.core.records import CLEAN_SWEEP, SWEEP_COMPLETION, SweepReport
 from celery_recovery.sweeps.callbacks import deliver_callbacks
 from celery_recovery.sweeps.context import SweepContext
@@ -22,9 +21,10 @@ from celery_recovery.sweeps.liveness import sweep_dead_processes
 from celery_recovery.sweeps.lost_messages import sweep_lost_messages
 from celery_recovery.sweeps.reserved import sweep_reserved
 from celery_recovery.sweeps.zombies import sweep_zombies
+from celery_recovery.telemetry import metrics
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.sweep")
 

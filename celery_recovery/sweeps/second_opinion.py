@@ -25,11 +25,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import SweepOutcome, WriteKind
 from celery_recovery.core.states import JobState
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.telemetry import metrics
 
 Row = TypeVar("Row", bound=Any)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from celery_recovery import sentry
 from celery_recovery.sweeps.runner import run_sweep
+from celery_recovery.telemetry import sentry
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 SWEEP_TASK = "celery_recovery.sweep"
 

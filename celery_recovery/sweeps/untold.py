@@ -2,7 +2,7 @@
 a dead worker's try had finished.
 
 That is so with no result backend and with ``rpc://`` (neither answers another
-process: :func:`celery_recovery.result_backends.unaskable_because`), and for a
+process: :func:`celery_recovery.messages.result_backends.unaskable_because`), and for a
 task that stores no result (``ignore_result``), whose finished run reads PENDING
 (or the STARTED of its start).  The store is then the only witness: a try that
 never started runs again as always; a running try of a dead worker runs again
@@ -22,8 +22,8 @@ from celery import states
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.log_once import LogOnce
 from celery_recovery.core.settings import unknown_outcome
-from celery_recovery.probe import UNASKABLE, Probe
-from celery_recovery.result_backends import unaskable_because
+from celery_recovery.messages.backend_probe import UNASKABLE, Probe
+from celery_recovery.messages.result_backends import unaskable_because
 from celery_recovery.sweeps.context import SweepContext
 
 logger = logging.getLogger("celery_recovery.sweep")

@@ -15,17 +15,17 @@ from typing import Any
 
 from celery import states
 
-from celery_recovery import metrics, sentry
 from celery_recovery.core.audit import AuditAction, AuditReason
 from celery_recovery.core.records import JobRow, SweepOutcome, ZombieRow
 from celery_recovery.core.states import RETRY_RECONCILED_REASON, JobState, JobType, TaskState
-from celery_recovery.probe import Probe
+from celery_recovery.messages.backend_probe import Probe
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
 from celery_recovery.sweeps.probed import count_reset, decide_each
 from celery_recovery.sweeps.resets import reset, take_backend_outcome
 from celery_recovery.sweeps.second_opinion import leave_partitioned
 from celery_recovery.sweeps.untold import fails_when_untold, untold_because
+from celery_recovery.telemetry import metrics, sentry
 
 logger = logging.getLogger("celery_recovery.sweep")
 

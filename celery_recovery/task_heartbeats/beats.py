@@ -17,10 +17,10 @@ from typing import Any
 from celery._state import get_current_worker_task
 from kombu.utils.json import dumps
 
-from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.errors import HeartbeatDetailsError, StaleTryError, StoreError
 from celery_recovery.core.process_id import current_pid
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.runtime.context import RecoveryContext, context_for_app
 from celery_recovery.store import EncodedJSON
 
 logger = logging.getLogger("celery_recovery.task_heartbeats")

@@ -39,7 +39,6 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from celery_recovery.context import RecoveryContext
 from celery_recovery.core.audit import AuditReason
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import ConfigurationError
@@ -48,6 +47,7 @@ from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import SweepOutcome, SweepReport
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.runtime.context import RecoveryContext
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.resets import reset
 

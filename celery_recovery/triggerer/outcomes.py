@@ -20,20 +20,20 @@ from typing import TYPE_CHECKING, Any
 from celery import states
 from celery.app.task import Context
 
-from celery_recovery import metrics
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import DeferralError, TriggerFailedError, TriggerTimeoutError
 from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deferral import RESUME_HEADER, resume_header
-from celery_recovery.republish import republish
-from celery_recovery.result_backends import caller_request
+from celery_recovery.deliveries.deferral import RESUME_HEADER, resume_header
+from celery_recovery.messages.republish import republish
+from celery_recovery.messages.result_backends import caller_request
 from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing
+from celery_recovery.telemetry import metrics
 from celery_recovery.triggers.base import TaskFailedEvent, TaskSuccessEvent, TriggerEvent
 from celery_recovery.triggers.loading import check_json
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.triggerer")
 

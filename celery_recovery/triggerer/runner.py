@@ -22,11 +22,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from celery_recovery import metrics, sentry
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.states import JobState, JobType
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.telemetry import metrics, sentry
 from celery_recovery.triggerer.outcomes import (
     Outcome,
     OutcomeApplier,
@@ -41,7 +41,7 @@ from celery_recovery.triggers.base import DEFAULT_TRIGGER_QUEUE
 from celery_recovery.triggers.loading import TriggerLoadError, allowed_prefixes, load_trigger
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.triggerer")
 

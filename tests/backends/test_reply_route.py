@@ -15,9 +15,9 @@ import redis
 from kombu.utils.json import loads as kombu_loads
 
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import capture_publish, record_from_capture
-from celery_recovery.republish import republish
-from celery_recovery.result_backends import (
+from celery_recovery.messages.records import capture_publish, record_from_capture
+from celery_recovery.messages.republish import republish
+from celery_recovery.messages.result_backends import (
     CORRELATION_ID_KEY,
     REPLY_TO_KEY,
     caller_request,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from celery_recovery.dead_receives import MARGIN, open_receive_wait, republish_delay
+from celery_recovery.messages.dead_receives import MARGIN, open_receive_wait, republish_delay
 
 
 def app_on(broker: str, **transport_options) -> Celery:

@@ -2,7 +2,7 @@
 
 On SQS a dead worker's unacknowledged messages come back only after the
 queue's visibility timeout, and a receive it left open takes the next message
-that becomes visible (see :mod:`celery_recovery.dead_receives`): the sweep
+that becomes visible (see :mod:`celery_recovery.messages.dead_receives`): the sweep
 publishes a dead worker's tries with a delivery delay that outlasts it, so
 they run once, on a live worker, within the wait of one receive; the originals
 that come back later are dropped as redundant.
@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from celery_recovery import TaskState
-from celery_recovery.dead_receives import MARGIN
+from celery_recovery.messages.dead_receives import MARGIN
 from tests.apps.lifecycle import SQS_WAIT_TIME
 from tests.conftest import FAST_SETTINGS
 from tests.sweeps.helpers import (
@@ -37,7 +37,7 @@ SWEEP = FAST_SETTINGS["sweep_interval"]
 #: after it received them.
 VISIBILITY = 8
 #: How long the sweep holds back a dead worker's tries on SQS (see
-#: celery_recovery.dead_receives).
+#: celery_recovery.messages.dead_receives).
 SQS_HOLD = SQS_WAIT_TIME + MARGIN
 
 

@@ -13,7 +13,6 @@ from sqlalchemy import create_engine, func, select, text
 from celery_recovery import Recovery
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.retention import CLEAN_TASK
 from celery_recovery.store.schema import (
     audit_log,
     callbacks,
@@ -22,6 +21,7 @@ from celery_recovery.store.schema import (
     task_records,
     triggers,
 )
+from celery_recovery.sweeps.retention import CLEAN_TASK
 from tests.cli.helpers import add_job, add_trigger, add_try, run
 
 DAY = 86400.0

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from celery_recovery.core.errors import ConfigurationError
-from celery_recovery.retention import check_tables, parse_cutoff
+from celery_recovery.sweeps.retention import check_tables, parse_cutoff
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 

@@ -8,8 +8,9 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from celery_recovery import ConfigurationError, RecoverySettings, metrics
+from celery_recovery import ConfigurationError, RecoverySettings
 from celery_recovery.cli import recovery
+from celery_recovery.telemetry import metrics
 from tests.metrics.scrape import free_port, scrape, value
 from tests.workers import wait_for
 

@@ -13,12 +13,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import insert
 
-from celery_recovery import JobState, JobType, metrics
+from celery_recovery import JobState, JobType
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.health import StoreHealth
-from celery_recovery.metrics import definitions
 from celery_recovery.recovery import recovery_for_app
+from celery_recovery.runtime.health import StoreHealth
 from celery_recovery.store.schema import callbacks
+from celery_recovery.telemetry import metrics
+from celery_recovery.telemetry.metrics import definitions
 from tests.cli.helpers import add_history, add_running
 from tests.metrics.scrape import local
 from tests.sweeps.helpers import make_queued, run_concurrently

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from celery_recovery.metrics import definitions
 from celery_recovery.recovery import recovery_for_app
+from celery_recovery.telemetry.metrics import definitions
 from tests.security.secret_app import SECRET
 from tests.sweeps.test_races import make_zombie
 from tests.test_sentry import CapturingTransport, capturing_sentry

@@ -16,9 +16,9 @@ import uuid
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.health import StoreHealth
-from celery_recovery.messages import AWAITING_PUBLISHER, claim_from_request
-from celery_recovery.write_behind import WriteBehindWriter
+from celery_recovery.messages.records import AWAITING_PUBLISHER, claim_from_request
+from celery_recovery.runtime.health import StoreHealth
+from celery_recovery.runtime.write_behind import WriteBehindWriter
 from tests.store.test_store import queued
 from tests.test_claim_records import task_with_request
 

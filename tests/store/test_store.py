@@ -14,7 +14,11 @@ from sqlalchemy import inspect
 from celery_recovery import JobState, JobType, TaskState
 from celery_recovery.core.records import Transition
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import AWAITING_PUBLISHER, capture_publish, record_from_capture
+from celery_recovery.messages.records import (
+    AWAITING_PUBLISHER,
+    capture_publish,
+    record_from_capture,
+)
 from celery_recovery.store import Store, precompiled
 from celery_recovery.store.migrate import VERSION_TABLE, current_revision, head_revision
 from celery_recovery.store.schema import metadata

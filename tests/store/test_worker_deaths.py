@@ -9,7 +9,7 @@ import time
 from celery_recovery import TaskState
 from celery_recovery.core.records import OutboxedTransition, Transition
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.worker_lost import runs_allowed
+from celery_recovery.deliveries.worker_lost import runs_allowed
 from tests.store.test_store import queued, running
 
 

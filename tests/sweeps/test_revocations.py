@@ -12,7 +12,7 @@ import pytest
 from celery_recovery import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
-from celery_recovery.revocations import revoked_because
+from celery_recovery.sweeps.revocations import revoked_because
 from tests.conftest import app_env
 from tests.workers import ROOT, wait_for
 

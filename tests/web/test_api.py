@@ -167,7 +167,7 @@ def test_the_console_cannot_write(store, client):
 
 
 def test_a_dropped_stale_delivery_is_in_the_audit_log(store, client_app, client):
-    from celery_recovery.redundant_deliveries import drop_if_redundant, was_dropped
+    from celery_recovery.deliveries.redundant_deliveries import drop_if_redundant, was_dropped
     from tests.sweeps.test_redelivery_owner import redelivery
 
     # Given try 1 was recovered as try 2 by a sweep

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from celery_recovery.core.errors import StoreError, StoreSchemaError, StoreUnavailableError
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN, Transition, WriteKind
 from celery_recovery.core.states import TaskState
-from celery_recovery.health import StoreHealth
+from celery_recovery.runtime.health import StoreHealth
 
 logger = logging.getLogger("celery_recovery.write_behind")
 

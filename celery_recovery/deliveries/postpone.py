@@ -20,7 +20,7 @@ from celery_recovery.core.errors import StoreError
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import try_number_of
+from celery_recovery.messages.records import try_number_of
 
 logger = logging.getLogger("celery_recovery.recoverable")
 

@@ -11,7 +11,7 @@ from celery import Celery, states
 from celery.backends.base import BaseKeyValueStoreBackend
 
 from celery_recovery.core.states import DEFERRED_STATE
-from celery_recovery.result_backends import unaskable_because
+from celery_recovery.messages.result_backends import unaskable_because
 
 logger = logging.getLogger("celery_recovery.probe")
 

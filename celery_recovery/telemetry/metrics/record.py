@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ParamSpec
 
 from celery_recovery.core.errors import StoreSchemaError, StoreUnavailableError
 from celery_recovery.core.log_once import LogOnce
-from celery_recovery.metrics import definitions as m
+from celery_recovery.telemetry.metrics import definitions as m
 
 if TYPE_CHECKING:
     from celery_recovery.core.records import SweepReport

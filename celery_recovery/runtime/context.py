@@ -19,8 +19,8 @@ from celery_recovery.core.exclusions import Exclusions
 from celery_recovery.core.process_id import current_pid
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.result_backends import routes_replies
-from celery_recovery.runtime import ProcessRuntime
+from celery_recovery.messages.result_backends import routes_replies
+from celery_recovery.runtime.process import ProcessRuntime
 from celery_recovery.store import Store
 
 #: Where an app keeps the context installed on it.
@@ -59,7 +59,7 @@ class RecoveryContext:
     def routes_replies(self) -> bool:
         """Whether the app's result backend sends results to the caller's reply queue
         (``rpc://``): a try's record then keeps that route (see
-        :mod:`celery_recovery.result_backends`).  Read once: the backend is set up
+        :mod:`celery_recovery.messages.result_backends`).  Read once: the backend is set up
         before tasks are published."""
         routes = self._routes_replies
         if routes is None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
-from celery_recovery.metrics import definitions as m
-from celery_recovery.metrics.record import quietly
+from celery_recovery.telemetry.metrics import definitions as m
+from celery_recovery.telemetry.metrics.record import quietly
 
 
 @quietly

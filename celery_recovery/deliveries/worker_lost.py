@@ -37,16 +37,16 @@ from typing import TYPE_CHECKING, Any
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 
-from celery_recovery.context import context_for_app
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import encode_json, try_number_of
-from celery_recovery.redundant_deliveries import drop_delivery
+from celery_recovery.deliveries.redundant_deliveries import drop_delivery
+from celery_recovery.messages.records import encode_json, try_number_of
+from celery_recovery.runtime.context import context_for_app
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.worker_lost")
 

@@ -20,13 +20,13 @@ from celery_recovery.core.records import WriteKind
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.states import JobState, JobType
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.health import StoreHealth
-from celery_recovery.heartbeat import HeartbeatThread
 from celery_recovery.liveness.job import job_markers
 from celery_recovery.liveness.postgres import stop_holder
 from celery_recovery.locks import IdempotencyLocks, LeaseRenewer
+from celery_recovery.runtime.health import StoreHealth
+from celery_recovery.runtime.job_heartbeat import HeartbeatThread
+from celery_recovery.runtime.write_behind import WriteBehindWriter
 from celery_recovery.store import Store
-from celery_recovery.write_behind import WriteBehindWriter
 
 logger = logging.getLogger("celery_recovery.runtime")
 

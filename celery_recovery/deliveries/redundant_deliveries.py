@@ -14,7 +14,7 @@ slow).  Redis also restores a message whose task is still running past the
 visibility timeout.
 
 The check runs as the delivery starts (the task's ``before_start``, see
-:mod:`.signals.tasks`), before the try is claimed, and only for
+:mod:`celery_recovery.signals.tasks`), before the try is claimed, and only for
 deliveries that can be redundant (so the hot path does not pay a round
 trip): those the broker marks redelivered (or SQS counts as received
 before), resumes of deferred tries, those published longer ago than half
@@ -55,19 +55,19 @@ from celery_recovery.core.states import (
 )
 from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deferral import RESUME_HEADER
-from celery_recovery.messages import record_from_request, try_number_of
-from celery_recovery.probe import finished_state
-from celery_recovery.republish import (
+from celery_recovery.deliveries.deferral import RESUME_HEADER
+from celery_recovery.messages.backend_probe import finished_state
+from celery_recovery.messages.records import record_from_request, try_number_of
+from celery_recovery.messages.republish import (
     PUBLISHED_AT_HEADER,
     RECEIVED_BEFORE_HEADER,
     RESERVED_AT_HEADER,
 )
-from celery_recovery.resends import RESENT_HEADER, is_resent
+from celery_recovery.messages.resends import RESENT_HEADER, is_resent
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
     from celery_recovery.core.settings import RecoverySettings
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.redundant_deliveries")
 

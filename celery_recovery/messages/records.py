@@ -20,7 +20,7 @@ from celery_recovery.core.process_id import HOSTNAME, current_pid
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import as_utc, from_timestamp
-from celery_recovery.result_backends import route_of, routes_replies
+from celery_recovery.messages.result_backends import route_of, routes_replies
 from celery_recovery.store import EncodedJSON
 
 #: Largest encoded argument payload kept for re-publishing, in bytes.
@@ -70,7 +70,7 @@ _HEADERS_NOT_KEPT = frozenset(
         "recovery_reserved_at",
     }
 )
-#: The header a publisher stamps its publish time in (see :mod:`celery_recovery.republish`).
+#: The header a publisher stamps its publish time in (see :mod:`.republish`).
 _PUBLISHED_AT = "recovery_published_at"
 #: The header a publisher that is itself a job (a worker process, beat, a triggerer)
 #: stamps its host in: a host lost with its processes loses that publisher's buffer too.

@@ -1,7 +1,7 @@
 """What each kind of result backend lets recovery know, and how its results reach the caller.
 
 **Asking.**  A sweep asks the result backend what became of a try whose worker
-died (:mod:`celery_recovery.probe`).  Two kinds cannot answer for a task that
+died (:mod:`celery_recovery.messages.backend_probe`).  Two kinds cannot answer for a task that
 another process sent or ran: no backend at all (Celery's default, a
 ``DisabledBackend``), and ``rpc://``, which keeps no shared state (each result
 is a message in the caller's own reply queue: anyone else reads PENDING).

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from celery_recovery import metrics
 from celery_recovery.core.errors import StoreSchemaError
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.store")
 

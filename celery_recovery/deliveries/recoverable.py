@@ -32,17 +32,17 @@ from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 from redis.exceptions import RedisError
 
-from celery_recovery import metrics
-from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.log_once import LogOnce
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import TaskState
+from celery_recovery.deliveries.postpone import postpone
 from celery_recovery.locks import DONE, HELD, Acquisition, IdempotencyLocks, LeaseRenewer
 from celery_recovery.locks.keys import KeySpec, build_key, check_template
-from celery_recovery.messages import MAX_RECORDED_PAYLOAD
-from celery_recovery.postpone import postpone
+from celery_recovery.messages.records import MAX_RECORDED_PAYLOAD
+from celery_recovery.runtime.context import RecoveryContext, context_for_app
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.recoverable")
 

@@ -29,7 +29,7 @@ from celery_recovery.core.timeutils import as_utc, utcnow
 from celery_recovery.store import RETENTION_TABLES
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
     from celery_recovery.store import Store
 
 CLEAN_TASK = "celery_recovery.db_clean"

@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from celery_recovery.core.overdue import OverduePolicy
-from celery_recovery.metrics import definitions as m
-from celery_recovery.metrics.record import quietly
+from celery_recovery.telemetry.metrics import definitions as m
+from celery_recovery.telemetry.metrics.record import quietly
 
 if TYPE_CHECKING:
     from celery_recovery.core.settings import RecoverySettings

@@ -15,7 +15,8 @@ to what it publishes, for :data:`MAX_HOPS` generations, so the body that a
 chord's new unlock task publishes is marked too.  A task's own retry (its own
 id) is not marked: try numbers already tell those apart.
 
-A marked delivery is checked as it starts (see :mod:`.redundant_deliveries`):
+A marked delivery is checked as it starts (see
+:mod:`celery_recovery.deliveries.redundant_deliveries`):
 dropped when its try already finished or runs in a live job, as any redundant
 delivery, and also when the result backend already holds a finished state for
 its id (the original ran, and its worker died before its outcome reached the

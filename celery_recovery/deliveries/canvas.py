@@ -38,7 +38,7 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.canvas")
 

@@ -19,7 +19,7 @@ from typing import Any
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.states import JobState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.health import StoreHealth
+from celery_recovery.runtime.health import StoreHealth
 from celery_recovery.store import Store
 
 logger = logging.getLogger("celery_recovery.heartbeat")

@@ -5,9 +5,9 @@ describes them for operators.  Recording is a counter increment or a gauge
 set, never a store round trip per task, and never raises.
 """
 
-from celery_recovery.metrics.beat import beat_lead, beat_runs
-from celery_recovery.metrics.definitions import PREFIX
-from celery_recovery.metrics.record import (
+from celery_recovery.telemetry.metrics.beat import beat_lead, beat_runs
+from celery_recovery.telemetry.metrics.definitions import PREFIX
+from celery_recovery.telemetry.metrics.record import (
     callback_outcome,
     consumer_stalled,
     dead_job,
@@ -18,7 +18,7 @@ from celery_recovery.metrics.record import (
     sweep_action,
     sweep_finished,
 )
-from celery_recovery.metrics.serve import (
+from celery_recovery.telemetry.metrics.serve import (
     MULTIPROC_ENV,
     MetricsServerError,
     mark_process_dead,
@@ -27,8 +27,8 @@ from celery_recovery.metrics.serve import (
     serve_for_worker,
     stop,
 )
-from celery_recovery.metrics.snapshot import refresh_gauges
-from celery_recovery.metrics.triggerer import (
+from celery_recovery.telemetry.metrics.snapshot import refresh_gauges
+from celery_recovery.telemetry.metrics.triggerer import (
     blocked_loop,
     trigger_event,
     triggerer_stopped,

@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery import current_task
 from celery.exceptions import Ignore
 
-from celery_recovery.context import context_for_app
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import DeferralError, StoreError
 from celery_recovery.core.states import DEFERRED_STATE
 from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.messages import record_from_request, try_number_of
+from celery_recovery.messages.records import record_from_request, try_number_of
+from celery_recovery.runtime.context import context_for_app
 from celery_recovery.triggers.base import DEFAULT_TRIGGER_QUEUE, BaseTrigger
 from celery_recovery.triggers.loading import allowed_prefixes, check_json, serialize_trigger
 
 if TYPE_CHECKING:
-    from celery_recovery.context import RecoveryContext
+    from celery_recovery.runtime.context import RecoveryContext
 
 logger = logging.getLogger("celery_recovery.deferral")
 

@@ -30,11 +30,11 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
-from celery_recovery.context import RecoveryContext, context_for_app
 from celery_recovery.core.records import CallbackStep, OutboxedTransition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.worker_lost import callback_row, ending
+from celery_recovery.deliveries.worker_lost import callback_row, ending
+from celery_recovery.runtime.context import RecoveryContext, context_for_app
 
 _WRAPPED = "_celery_recovery_wrapped"
 

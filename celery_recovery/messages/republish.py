@@ -15,9 +15,9 @@ from typing import Any
 from celery import Celery
 
 from celery_recovery.core.timeutils import as_utc, utcnow
-from celery_recovery.dead_receives import delay_options
-from celery_recovery.messages import PROTOCOL_HEADERS
-from celery_recovery.result_backends import ROUTE_KEYS, publish_options
+from celery_recovery.messages.dead_receives import delay_options
+from celery_recovery.messages.records import PROTOCOL_HEADERS
+from celery_recovery.messages.result_backends import ROUTE_KEYS, publish_options
 
 #: Header our publish handler stamps; a republish gets a fresh one.
 PUBLISHED_AT_HEADER = "recovery_published_at"
@@ -37,7 +37,7 @@ def republish(
     """Send ``record``'s task again as try ``try_number``; returns the AsyncResult.
 
     ``broker_delay`` seconds hold the message back on the broker (SQS only, see
-    :mod:`celery_recovery.dead_receives`)."""
+    :mod:`celery_recovery.messages.dead_receives`)."""
     headers = dict(record.get("headers") or {})
     embed = (record.get("options") or {}).get("embed") or {}
     custom = {
