@@ -17,10 +17,10 @@ from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.messages.headers import PUBLISHED_ON_HEADER
 from celery_recovery.messages.records import (
     AWAITING_PUBLISHER,
     NARROW_CLAIM_AFTER,
-    PUBLISHED_ON_HEADER,
     claim_from_request,
     published_alongside,
 )

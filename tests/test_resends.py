@@ -13,7 +13,8 @@ from celery import Celery
 from celery._state import _task_stack
 
 from celery_recovery.messages.backend_probe import finished_state
-from celery_recovery.messages.resends import MAX_HOPS, RESENT_HEADER, is_resent, resent_hops
+from celery_recovery.messages.headers import RESENT_HEADER
+from celery_recovery.messages.resends import MAX_HOPS, is_resent, resent_hops
 
 
 def _app(backend: str | None = None) -> Celery:

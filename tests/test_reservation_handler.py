@@ -16,11 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 from celery import Celery
-from sqlalchemy import select
 
 from celery_recovery import JobType, Recovery
 from celery_recovery.signals.reservations import on_received
-from celery_recovery.store.schema import reservations
+from tests.sweeps.helpers import reserved_ids
 
 
 class Received:
@@ -42,11 +41,6 @@ def worker_main(store_url):
     recovery.close()
 
 
-def reserved_ids(recovery) -> set[str]:
-    with recovery.store.transaction() as conn:
-        return {row.task_id for row in conn.execute(select(reservations.c.task_id))}
-
-
 def test_a_received_request_is_not_kept_alive_by_the_buffer(worker_main):
     request = Received("gone")
     alive = weakref.ref(request)
@@ -56,7 +50,9 @@ def test_a_received_request_is_not_kept_alive_by_the_buffer(worker_main):
     gc.collect()
     assert alive() is None, "only Celery holds a request it has not let go of"
     assert worker_main.recovery.flush()
-    assert reserved_ids(worker_main.recovery) == set(), "a request Celery let go of is not held"
+    assert reserved_ids(worker_main.recovery.store) == set(), (
+        "a request Celery let go of is not held"
+    )
 
 
 def test_only_requests_still_waiting_when_the_batch_is_written_are_reserved(worker_main):
@@ -65,4 +61,4 @@ def test_only_requests_still_waiting_when_the_batch_is_written_are_reserved(work
     on_received(sender=worker_main, request=started)
     started.time_start = 1.0  # a pool process took it: its claim covers it
     assert worker_main.recovery.flush()
-    assert reserved_ids(worker_main.recovery) == {"waiting"}
+    assert reserved_ids(worker_main.recovery.store) == {"waiting"}

@@ -17,7 +17,8 @@ from celery.app.trace import trace_task
 from celery.exceptions import Ignore
 
 from celery_recovery import Recovery, TaskState
-from celery_recovery.deliveries.deferral import RESUME_HEADER, resume_header
+from celery_recovery.deliveries.deferral import resume_header
+from celery_recovery.messages.headers import RESUME_HEADER
 from celery_recovery.signals import tasks as task_hooks
 
 

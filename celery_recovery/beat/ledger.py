@@ -98,13 +98,18 @@ class RunLedger:
         now: datetime,
     ) -> bool:
         """Record the plan's missed runs, sending none; False when nothing was recorded."""
-        if not plan.missed:
+        missed = plan.missed_runs(why)
+        if missed is None:
             return False
         row = self.rows[name]
-        won = self.context.store.beat.claim_run(
-            name, row["last_run_at"], None, None, self.leadership.fence, now,
-            plan.missed, plan.missed_at, why, _decisions(name, task, plan, why, now, reason),
-        )  # fmt: skip
+        won = self.context.store.beat.record_missed(
+            name,
+            row["last_run_at"],
+            self.leadership.fence,
+            now,
+            missed,
+            _decisions(name, task, plan, why, now, reason),
+        )
         self._reread(name, won)
         if won:
             metrics.beat_runs("missed", plan.missed)
@@ -124,13 +129,18 @@ class RunLedger:
             if not self.leadership.may_publish():
                 return False
             decisions = _decisions(name, entry.task, plan, why, now) if first else []
-            missed = plan.missed if first else 0
+            missed = plan.missed_runs(why) if first else None
             task_id, token = run_task_id(name, run_at), self.leadership.fence.token
             won = store.beat.claim_run(
-                name, self.rows[name]["last_run_at"], run_at, task_id, self.leadership.fence,
-                self.context.clock(), missed, plan.missed_at if missed else None,
-                why if missed else None, decisions,
-            )  # fmt: skip
+                name,
+                self.rows[name]["last_run_at"],
+                run_at,
+                task_id,
+                self.leadership.fence,
+                self.context.clock(),
+                missed=missed,
+                decisions=decisions,
+            )
             if not won:
                 self._reread(name, won)
                 return False
@@ -143,11 +153,11 @@ class RunLedger:
                     "pending_task_id": task_id,
                     "pending_token": token,
                     "total_run_count": row.get("total_run_count", 0) + 1,
-                    "missed_count": row.get("missed_count", 0) + missed,
+                    "missed_count": row.get("missed_count", 0) + (missed.count if missed else 0),
                 }
             )
-            if missed:
-                row.update({"last_missed_at": plan.missed_at, "last_missed_reason": why})
+            if missed is not None:
+                row.update({"last_missed_at": missed.up_to, "last_missed_reason": missed.reason})
             if first and plan.missed:
                 metrics.beat_runs("missed", plan.missed)
                 logger.warning("celery-recovery beat: %s: %s", name, why)

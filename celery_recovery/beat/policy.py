@@ -43,6 +43,7 @@ from typing import Any
 
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import ConfigurationError
+from celery_recovery.core.records import MissedRuns
 
 #: The key of an entry's ``options`` that holds its celery-recovery policy.
 OPTION = "recovery"
@@ -133,6 +134,12 @@ class RunPlan:
     send: tuple[datetime, ...]
     missed: int
     missed_at: datetime | None
+
+    def missed_runs(self, why: str) -> MissedRuns | None:
+        """The runs this plan does not send, as the store records them (None: none)."""
+        if not self.missed or self.missed_at is None:
+            return None
+        return MissedRuns(self.missed, self.missed_at, why)
 
 
 def window_start(policy: EntryPolicy, now: datetime) -> datetime:

@@ -9,10 +9,8 @@ from typing import Any
 from celery.beat import BeatLazyFunc
 
 from celery_recovery.beat.policy import OPTION
+from celery_recovery.messages.headers import SCHEDULED_AT_HEADER
 
-#: Message header holding the run's scheduled time (ISO 8601, UTC); a task reads it as
-#: ``self.request.get("recovery_scheduled_at")``.
-SCHEDULED_AT_HEADER = "recovery_scheduled_at"
 #: Namespace of scheduled runs' task ids (uuid5): the same entry and scheduled time
 #: give the same id in every beat.
 RUN_NAMESPACE = uuid.UUID("4f0c3a52-2b1e-5d8e-9a57-c3b1f0d2e6a1")

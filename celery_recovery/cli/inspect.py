@@ -367,7 +367,7 @@ def tasks(
     now = utcnow()
     with store_of(ctx) as (store, settings):
         found = store.tries.list_tries(state=state, task_name=task_name, limit=limit)
-        beats = store.heartbeats.beats_of((r["task_id"], r["try_number"]) for r in found)
+        beats = store.task_heartbeats.beats_of((r["task_id"], r["try_number"]) for r in found)
         overdue: set[tuple[str, int]] = set()
         if any(r["state"] == TaskState.RUNNING for r in found):
             policy = OverduePolicy.of(settings)

@@ -58,7 +58,7 @@ class ConsumerFacts:
 
 
 @dataclass(frozen=True)
-class Probe:
+class QueueProbe:
     """The answer of one probe of the broker: messages ready in the worker's queues."""
 
     at: float
@@ -77,14 +77,14 @@ class StallJudge:
         self.timeout = timeout
         self.interval = probe_interval(timeout)
         self.probe_timeout = probe_timeout(timeout)
-        self.last_probe: Probe | None = None
+        self.last_probe: QueueProbe | None = None
         #: When the broker last answered a probe (the consumer's start before that).
         self.last_answer = started
         #: A probe in flight since then (None when none is).
         self.probing_since: float | None = None
         #: First of a run of probes that found ready messages, never fewer, and
         #: nothing received since; with its count.
-        self.waiting: Probe | None = None
+        self.waiting: QueueProbe | None = None
 
     def probe_due(self, now: float, facts: ConsumerFacts) -> bool:
         """Ask the broker only for a worker with free slots that received nothing for an
@@ -98,7 +98,7 @@ class StallJudge:
     def probe_started(self, now: float) -> None:
         self.probing_since = now
 
-    def probed(self, probe: Probe, last_received: float) -> None:
+    def probed(self, probe: QueueProbe, last_received: float) -> None:
         """Take the answer (or failure) of a probe that ended at ``probe.at``."""
         self.probing_since = None
         self.last_probe = probe

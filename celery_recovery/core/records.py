@@ -121,6 +121,32 @@ class Transition:
     #: the try is still that process's, and counts one of its deaths.
     died_in_pid: int | None = None
 
+    @classmethod
+    def ending(
+        cls,
+        task_id: str,
+        try_number: int | None,
+        expected: tuple[TaskState, ...],
+        state: TaskState,
+        reason: str | None,
+        now: Any,
+        **values: Any,
+    ) -> Transition:
+        """The compare-and-set that ends a try in ``state`` for ``reason`` at ``now``;
+        ``values`` are more columns it sets (its ``error``)."""
+        ended = {"state": state, "state_reason": reason, "ended_at": now, "updated_at": now}
+        return cls(task_id, try_number, expected, {**ended, **values})
+
+
+@dataclass(frozen=True)
+class MissedRuns:
+    """Runs of a beat entry that were not sent: how many, up to which scheduled time,
+    and why (recorded with the entry's next claim, or alone)."""
+
+    count: int
+    up_to: datetime
+    reason: str
+
 
 @dataclass(frozen=True)
 class OutboxedTransition:

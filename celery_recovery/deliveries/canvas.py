@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from celery.canvas import maybe_signature
 
 from celery_recovery.core.errors import StoreError
+from celery_recovery.core.patching import wrap_once
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import CLAIM_NAME_MAX, CLAIM_PREFIX, Claim
 
@@ -47,8 +48,6 @@ UNLOCK_TASK = "celery.chord_unlock"
 CLAIM_TTL = 30.0
 #: Seconds between two looks at a claim another unlock copy holds.
 CLAIM_POLL = 0.2
-
-_WRAPPED = "_celery_recovery_body_once"
 
 
 def install_chord_body_once(context: RecoveryContext) -> None:
@@ -76,18 +75,16 @@ def claim_name(unlock_task_id: str) -> str:
 
 
 def _wrap_unlock(cls: Any, context: RecoveryContext) -> None:
-    if cls.__dict__.get(_WRAPPED):
-        return
-    original = cls.run
+    def wrap(original: Any) -> Any:
+        def run(self: Any, group_id: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
+            body = maybe_signature(callback, app=self.app)
+            if body is not None and self.request.id and not self.request.is_eager:
+                _publish_once(context, body, claim_name(self.request.id))
+            return original(self, group_id, body, *args, **kwargs)
 
-    def run(self: Any, group_id: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
-        body = maybe_signature(callback, app=self.app)
-        if body is not None and self.request.id and not self.request.is_eager:
-            _publish_once(context, body, claim_name(self.request.id))
-        return original(self, group_id, body, *args, **kwargs)
+        return run
 
-    cls.run = run
-    setattr(cls, _WRAPPED, True)
+    wrap_once(cls, "run", wrap, per_class=True)
 
 
 def _publish_once(context: RecoveryContext, body: Any, name: str) -> None:

@@ -26,9 +26,11 @@ from celery.exceptions import Ignore
 
 from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import DeferralError, StoreError
+from celery_recovery.core.patching import wrap_once
 from celery_recovery.core.states import DEFERRED_STATE
 from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
+from celery_recovery.messages.headers import RESUME_HEADER
 from celery_recovery.messages.records import record_from_request, try_number_of
 from celery_recovery.runtime.context import context_for_app
 from celery_recovery.triggers.base import DEFAULT_TRIGGER_QUEUE, BaseTrigger
@@ -39,12 +41,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_recovery.deferral")
 
-#: Message header of a resumed try: the method, its kwargs and the event.
-RESUME_HEADER = "recovery_resume"
 #: Seconds before a task that could not defer (store unavailable) runs again.
 STORE_RETRY_COUNTDOWN = 10
 
-_WRAPPED = "_celery_recovery_resumable"
 _deferred = TaskIdMark()
 
 
@@ -209,8 +208,10 @@ def note_delivery(task: Any, request: Any) -> None:
 
 def install_resume(cls: type) -> None:
     """Make ``cls`` run the resume method of a resumed delivery instead of its body."""
-    if cls.__dict__.get(_WRAPPED):
-        return
+    wrap_once(cls, "__call__", lambda _inherited: _resuming_call(cls), per_class=True)
+
+
+def _resuming_call(cls: type) -> Any:
     # The class's own __call__ is kept; an inherited one is looked up at each call.
     # A worker replaces Celery's Task.__call__ with one that skips pushing a second
     # request (setup_worker_optimizations), and an app finalized before the worker
@@ -232,8 +233,7 @@ def install_resume(cls: type) -> None:
             return own(self, *args, **kwargs)
         return super(cls, self).__call__(*args, **kwargs)  # type: ignore[arg-type]
 
-    cls.__call__ = __call__  # type: ignore[method-assign]
-    setattr(cls, _WRAPPED, True)
+    return __call__
 
 
 def resume_header(method: str | None, kwargs: Any, event: Any) -> dict[str, Any]:

@@ -55,15 +55,16 @@ from celery_recovery.core.states import (
 )
 from celery_recovery.core.thread_marks import TaskIdMark
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deliveries.deferral import RESUME_HEADER
 from celery_recovery.messages.backend_probe import finished_state
-from celery_recovery.messages.records import record_from_request, try_number_of
-from celery_recovery.messages.republish import (
+from celery_recovery.messages.headers import (
     PUBLISHED_AT_HEADER,
     RECEIVED_BEFORE_HEADER,
+    RESENT_HEADER,
     RESERVED_AT_HEADER,
+    RESUME_HEADER,
 )
-from celery_recovery.messages.resends import RESENT_HEADER, is_resent
+from celery_recovery.messages.records import record_from_request, try_number_of
+from celery_recovery.messages.resends import is_resent
 
 if TYPE_CHECKING:
     from celery_recovery.core.settings import RecoverySettings

@@ -30,13 +30,13 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
-from celery_recovery.core.records import CallbackStep, OutboxedTransition, WriteKind
+from celery_recovery.core.patching import wrap_once
+from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deliveries.worker_lost import callback_row, ending
+from celery_recovery.deliveries.worker_lost import callback_row
+from celery_recovery.messages.records import try_number_of
 from celery_recovery.runtime.context import RecoveryContext, context_for_app
-
-_WRAPPED = "_celery_recovery_wrapped"
 
 
 class _Timeouts(threading.local):
@@ -61,10 +61,10 @@ def install() -> None:
     """Wrap Celery's ``Request.on_timeout`` (idempotent); done as a worker starts."""
     from celery.worker.request import Request
 
-    original = Request.on_timeout
-    if getattr(original, _WRAPPED, False):
-        return
+    wrap_once(Request, "on_timeout", _on_timeout)
 
+
+def _on_timeout(original: Any) -> Any:
     @functools.wraps(original)
     def on_timeout(self: Any, soft: bool, timeout: float) -> Any:
         context = None if soft else _context_of(self)
@@ -80,8 +80,7 @@ def install() -> None:
             _signalled.discard(self.id)
             _record_hard_limit(context, self, timeout, signal_sent, hooks_called)
 
-    setattr(on_timeout, _WRAPPED, True)
-    Request.on_timeout = on_timeout
+    return on_timeout
 
 
 def note_failure_signal(task_id: str, exception: BaseException | None) -> bool:
@@ -124,14 +123,15 @@ def _record_hard_limit(
     limit = f"hard time limit ({_seconds(timeout)}) exceeded"
     now = utcnow()
     context_ = request._context  # the task's request context (id, retries, hostname)
-    change = ending(
-        context_,
+    change = Transition.ending(
+        context_.id,
+        try_number_of(context_),
         (TaskState.QUEUED, TaskState.RUNNING),
         TaskState.FAILED,
         f"{limit}; its pool process was killed by the worker's main process",
         now,
+        error=f"{TimeLimitExceeded.__name__}: {limit}",
     )
-    change.values["error"] = f"{TimeLimitExceeded.__name__}: {limit}"
     done: list[str] = [CallbackStep.RESULT_BACKEND]
     if signal_sent:
         done.append(CallbackStep.FAILURE_SIGNAL)

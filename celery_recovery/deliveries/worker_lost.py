@@ -38,6 +38,7 @@ from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 
 from celery_recovery.core.errors import StoreError
+from celery_recovery.core.patching import wrap_once
 from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
@@ -52,8 +53,6 @@ logger = logging.getLogger("celery_recovery.worker_lost")
 
 #: Where Celery leaves the try of a killed pool process: claimed, or not yet.
 _UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)
-
-_WRAPPED = "_celery_recovery_wrapped"
 
 
 class _Refused(threading.local):
@@ -86,11 +85,11 @@ def install_failure_context() -> None:
     """
     from celery.worker.request import Request
 
-    original = Request.on_failure
-    if getattr(original, _WRAPPED, False):
-        return
-    original_reject = Request.reject
+    wrap_once(Request, "on_failure", _on_failure)
+    wrap_once(Request, "reject", _reject)
 
+
+def _on_failure(original: Any) -> Any:
     @functools.wraps(original)
     def on_failure(self: Any, exc_info: Any, *args: Any, **kwargs: Any) -> Any:
         outer = _failing.request, _failing.exception
@@ -100,17 +99,19 @@ def install_failure_context() -> None:
         finally:
             _failing.request, _failing.exception = outer
 
-    @functools.wraps(original_reject)
+    return on_failure
+
+
+def _reject(original: Any) -> Any:
+    @functools.wraps(original)
     def reject(self: Any, requeue: bool = False) -> Any:
-        done = original_reject(self, requeue=requeue)
+        done = original(self, requeue=requeue)
         exception = _failing.exception
         if requeue and _failing.request is self and isinstance(exception, WorkerLostError):
             _record_requeued_death(self, exception)
         return done
 
-    setattr(on_failure, _WRAPPED, True)
-    Request.on_failure = on_failure
-    Request.reject = reject
+    return reject
 
 
 def failing_request(task: Any, task_id: str) -> Any:
@@ -145,14 +146,15 @@ def record_lost_process(
     error = f"{type(exception).__name__}: {exception}"
     reason = f"its pool process died ({error})"
     now = utcnow()
-    change = ending(
-        request,
+    change = Transition.ending(
+        request.id,
+        try_number_of(request),
         _UNFINISHED,
         TaskState.FAILED,
         f"{reason}; failed by the worker's main process",
         now,
+        error=error,
     )
-    change.values["error"] = error
     # Celery stored the outcome (as the result settings say) and sent the signal.
     done: list[str] = [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL]
     callback = callback_row(
@@ -308,15 +310,8 @@ def _ending(
     task: Any, expected: tuple[TaskState, ...], state: TaskState, reason: str, now: Any
 ) -> Transition:
     """The compare-and-set that ends the current try of ``task``'s request."""
-    return ending(task.request, expected, state, reason, now)
-
-
-def ending(
-    request: Any, expected: tuple[TaskState, ...], state: TaskState, reason: str, now: Any
-) -> Transition:
-    """The compare-and-set that ends the try of ``request`` (a task's request context)."""
-    values = {"state": state, "state_reason": reason, "ended_at": now, "updated_at": now}
-    return Transition(request.id, try_number_of(request), expected, values)
+    request = task.request
+    return Transition.ending(request.id, try_number_of(request), expected, state, reason, now)
 
 
 def _callback_row(

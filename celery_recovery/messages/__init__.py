@@ -1,5 +1,6 @@
 """What travels: a task's message and its record, publishing a try again, asking the result backend.
 
+:mod:`.headers` declares every header name (and record key) of ours, once;
 :mod:`.records` turns a published message or a running request into a task record (JSON,
 never pickled); :mod:`.republish` publishes a recorded try again as its next try, on SQS
 after a dead worker's open receives have ended (:mod:`.dead_receives`); :mod:`.resends`

@@ -20,6 +20,12 @@ from celery_recovery.core.process_id import HOSTNAME, current_pid
 from celery_recovery.core.records import COMPLETE_WHEN_WRITTEN
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import as_utc, from_timestamp
+from celery_recovery.messages.headers import (
+    PUBLISHED_AT_HEADER,
+    PUBLISHED_ON_HEADER,
+    RESENT_HEADER,
+    RESERVED_AT_HEADER,
+)
 from celery_recovery.messages.result_backends import route_of, routes_replies
 from celery_recovery.store import EncodedJSON
 
@@ -64,17 +70,12 @@ _HEADERS_NOT_KEPT = frozenset(
         "kwargsrepr",
         "eta",
         "expires",
-        "recovery_published_at",
-        "recovery_published_on",
-        "recovery_resent",
-        "recovery_reserved_at",
+        PUBLISHED_AT_HEADER,
+        PUBLISHED_ON_HEADER,
+        RESENT_HEADER,
+        RESERVED_AT_HEADER,
     }
 )
-#: The header a publisher stamps its publish time in (see :mod:`.republish`).
-_PUBLISHED_AT = "recovery_published_at"
-#: The header a publisher that is itself a job (a worker process, beat, a triggerer)
-#: stamps its host in: a host lost with its processes loses that publisher's buffer too.
-PUBLISHED_ON_HEADER = "recovery_published_on"
 #: Request attributes kept as headers when a worker creates the record.
 _REQUEST_HEADERS = ("root_id", "parent_id", "group", "group_index", "shadow", "origin")
 
@@ -272,7 +273,7 @@ def record_from_request(
     if request is None:
         request = task.request
     record = _running(task, request, now, job_id)
-    published = getattr(request, _PUBLISHED_AT, None)
+    published = getattr(request, PUBLISHED_AT_HEADER, None)
     if isinstance(published, int | float):
         # The publisher's queued_at, to the microsecond: when this claim creates the try,
         # the publisher's later write changes no indexed column (a HOT update).
@@ -364,7 +365,7 @@ def published_alongside(request: Any, now: float) -> bool:
     """
     if getattr(request, PUBLISHED_ON_HEADER, None) != HOSTNAME:
         return False
-    published = getattr(request, _PUBLISHED_AT, None)
+    published = getattr(request, PUBLISHED_AT_HEADER, None)
     return isinstance(published, int | float) and now - published < NARROW_CLAIM_AFTER
 
 
@@ -399,7 +400,7 @@ def claim_from_request(
     """
     if request is None:
         request = task.request
-    published = getattr(request, _PUBLISHED_AT, None)
+    published = getattr(request, PUBLISHED_AT_HEADER, None)
     if not isinstance(published, int | float):
         return record_from_request(task, now, job_id, request)
     fresh = now.timestamp() - published < NARROW_CLAIM_AFTER

@@ -16,16 +16,14 @@ from celery import Celery
 
 from celery_recovery.core.timeutils import as_utc, utcnow
 from celery_recovery.messages.dead_receives import delay_options
+from celery_recovery.messages.headers import (
+    PUBLISHED_AT_HEADER,
+    RECEIVED_BEFORE_HEADER,
+    RESERVED_AT_HEADER,
+    ROUTE_KEYS,
+)
 from celery_recovery.messages.records import PROTOCOL_HEADERS
-from celery_recovery.messages.result_backends import ROUTE_KEYS, publish_options
-
-#: Header our publish handler stamps; a republish gets a fresh one.
-PUBLISHED_AT_HEADER = "recovery_published_at"
-#: Request attribute a worker's main process stamps when it receives the message.
-RESERVED_AT_HEADER = "recovery_reserved_at"
-#: Request attribute it stamps when the broker handed the message out before (SQS).
-RECEIVED_BEFORE_HEADER = "recovery_received_before"
-
+from celery_recovery.messages.result_backends import publish_options
 
 #: What our handlers stamp on a message or a request: a new publish starts without them.
 _STAMPS = (PUBLISHED_AT_HEADER, RESERVED_AT_HEADER, RECEIVED_BEFORE_HEADER)

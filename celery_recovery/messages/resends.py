@@ -31,9 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-#: Header on a message published by a run that may repeat an earlier one: how many
-#: publishes it is from that run (1 for its own sends).
-RESENT_HEADER = "recovery_resent"
+from celery_recovery.messages.headers import RESENT_HEADER
+
 #: Generations a mark is handed on: enough for a chord's unlock and the body it
 #: publishes, nested once more; bounded so a long lineage does not pay for ever.
 MAX_HOPS = 4

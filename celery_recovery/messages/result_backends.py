@@ -30,12 +30,7 @@ from celery.app.task import Context
 from celery.backends.base import DisabledBackend
 from celery.backends.rpc import RPCBackend
 
-#: Where a record's ``headers`` keep the caller's reply queue.
-REPLY_TO_KEY = "recovery_reply_to"
-#: Where they keep the correlation id, when it is not the task id (Celery's own default).
-CORRELATION_ID_KEY = "recovery_correlation_id"
-#: Both: kept in a record, never sent as message headers.
-ROUTE_KEYS = (REPLY_TO_KEY, CORRELATION_ID_KEY)
+from celery_recovery.messages.headers import CORRELATION_ID_KEY, REPLY_TO_KEY
 
 
 def unaskable_because(backend: Any) -> str | None:

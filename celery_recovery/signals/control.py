@@ -18,12 +18,11 @@ from typing import Any
 from kombu.utils.functional import maybe_list
 
 from celery_recovery.core.errors import StoreError
+from celery_recovery.core.patching import wrap_once
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.runtime.context import context_for_app, installed
 
 logger = logging.getLogger("celery_recovery.signals")
-
-_WRAPPED = "_celery_recovery_wrapped"
 
 
 def connect() -> None:
@@ -37,18 +36,16 @@ def connect() -> None:
 
 
 def _wrap(cls: type, name: str, rows: Callable[..., list[dict[str, Any]]]) -> None:
-    original = getattr(cls, name)
-    if getattr(original, _WRAPPED, False):
-        return
+    def wrap(original: Any) -> Any:
+        @functools.wraps(original)
+        def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            _record(self.app, lambda: rows(self, *args, **kwargs), name)
+            return result
 
-    @functools.wraps(original)
-    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        _record(self.app, lambda: rows(self, *args, **kwargs), name)
-        return result
+        return recorded
 
-    setattr(recorded, _WRAPPED, True)
-    setattr(cls, name, recorded)
+    wrap_once(cls, name, wrap)
 
 
 def _revoke_rows(control: Any, task_id: Any, *_: Any, **__: Any) -> list[dict[str, Any]]:
@@ -82,23 +79,28 @@ def _wrap_purge_command() -> None:
     if command_module is None:
         return
     command = command_module.purge
-    original = command.callback
-    if original is None or getattr(original, _WRAPPED, False):
+    if command.callback is None:
         return
 
-    @functools.wraps(original)
-    def recorded(*args: Any, **kwargs: Any) -> Any:
-        import click
+    def wrap(original: Any) -> Any:
+        @functools.wraps(original)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            import click
 
-        result = original(*args, **kwargs)
-        app = click.get_current_context().find_root().obj.app
-        names = set(kwargs.get("queues") or app.amqp.queues.keys())
-        names -= set(kwargs.get("exclude_queues") or ())
-        _record(app, lambda: [{"kind": "purge", "queue": str(n)} for n in sorted(names)], "purge")
-        return result
+            result = original(*args, **kwargs)
+            app = click.get_current_context().find_root().obj.app
+            names = set(kwargs.get("queues") or app.amqp.queues.keys())
+            names -= set(kwargs.get("exclude_queues") or ())
 
-    setattr(recorded, _WRAPPED, True)
-    command.callback = recorded
+            def rows() -> list[dict[str, Any]]:
+                return [{"kind": "purge", "queue": str(n)} for n in sorted(names)]
+
+            _record(app, rows, "purge")
+            return result
+
+        return recorded
+
+    wrap_once(command, "callback", wrap)
 
 
 def _record(app: Any, rows: Callable[[], list[dict[str, Any]]], what: str) -> None:

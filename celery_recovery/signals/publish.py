@@ -19,13 +19,13 @@ from celery.signals import after_task_publish, before_task_publish
 
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import WriteKind
-from celery_recovery.messages.records import (
+from celery_recovery.messages.headers import (
+    PUBLISHED_AT_HEADER,
     PUBLISHED_ON_HEADER,
-    capture_publish,
-    record_from_capture,
+    RESENT_HEADER,
 )
-from celery_recovery.messages.republish import PUBLISHED_AT_HEADER
-from celery_recovery.messages.resends import RESENT_HEADER, resent_hops
+from celery_recovery.messages.records import capture_publish, record_from_capture
+from celery_recovery.messages.resends import resent_hops
 from celery_recovery.runtime.context import context_for_task_name
 from celery_recovery.signals.guard import handler_failed
 

@@ -33,7 +33,7 @@ from celery.worker import state as worker_state
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import from_timestamp
-from celery_recovery.messages.republish import RECEIVED_BEFORE_HEADER, RESERVED_AT_HEADER
+from celery_recovery.messages.headers import RECEIVED_BEFORE_HEADER, RESERVED_AT_HEADER
 from celery_recovery.runtime.context import context_for_app
 from celery_recovery.signals.guard import handler_failed
 

@@ -35,6 +35,7 @@ from celery.signals import (
 )
 
 from celery_recovery.core.errors import LostWorkerError, StoreError
+from celery_recovery.core.patching import wrap_once, wrapped_here
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.core.timeutils import utcnow
@@ -77,7 +78,6 @@ BUILTIN_TASKS_PREFIX = "celery."
 #: idempotent, and must run when the store is odd).
 OWN_TASKS_PREFIX = "celery_recovery."
 
-_HOOKED = "_celery_recovery_hooked"
 #: Set on the class of a task ``recovery_exclude_tasks`` names: nothing of it is recorded.
 _EXCLUDED = "_celery_recovery_excluded"
 
@@ -163,9 +163,11 @@ def _hook_every_task(app: Any) -> None:
 
 
 def _hook(cls: Any, drops: bool) -> None:
-    if cls.__dict__.get(_HOOKED):
-        return
-    original = cls.before_start
+    wrap_once(cls, "before_start", lambda original: _claiming(original, drops), per_class=True)
+
+
+def _claiming(original: Any, drops: bool) -> Any:
+    """A task class's ``before_start`` that claims the try first (or drops the delivery)."""
     # Celery's own does nothing (its tracer skips it): not called either.
     own = original if original is not Task.before_start else None
 
@@ -189,8 +191,7 @@ def _hook(cls: Any, drops: bool) -> None:
             return own(self, task_id, args, kwargs)
         return None
 
-    cls.before_start = before_start
-    setattr(cls, _HOOKED, True)
+    return before_start
 
 
 def start_try(task: Any, task_id: str, request: Any, drops: bool) -> bool:
@@ -267,26 +268,23 @@ def on_failure(
     if isinstance(exception, WorkerLostError):
         record_lost_process(context, sender, task_id, exception, args, kwargs)
         return
-    now = utcnow()
-    context.runtime.write(
-        WriteKind.TRANSITION,
-        Transition(
-            task_id,
-            None,
-            (TaskState.RUNNING,),
-            {
-                "state": TaskState.FAILED,
-                "error": _describe(exception),
-                # Celery 5.7 reports Reject(requeue=False) from here too, racing the pool
-                # process's own record of it: both give the same reason.
-                "state_reason": _OUTCOMES[celery_states.REJECTED][1]
-                if isinstance(exception, Reject)
-                else "failed by the worker's main process",
-                "ended_at": now,
-                "updated_at": now,
-            },
-        ),
+    # Celery 5.7 reports Reject(requeue=False) from here too, racing the pool process's
+    # own record of it: both give the same reason.
+    reason = (
+        _OUTCOMES[celery_states.REJECTED][1]
+        if isinstance(exception, Reject)
+        else "failed by the worker's main process"
     )
+    change = Transition.ending(
+        task_id,
+        None,
+        (TaskState.RUNNING,),
+        TaskState.FAILED,
+        reason,
+        utcnow(),
+        error=_describe(exception),
+    )
+    context.runtime.write(WriteKind.TRANSITION, change)
 
 
 @never_raises
@@ -338,7 +336,7 @@ def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: A
     if state == celery_states.REJECTED and getattr(retval, "requeue", False):
         _requeued(context, task, task_id, "rejected with requeue=True: back in the queue")
         return
-    if state is None and not entered and type(task).__dict__.get(_HOOKED):
+    if state is None and not entered and wrapped_here(type(task), "before_start"):
         # Celery failed before the body and its before_start (an unreachable result
         # backend refused STARTED) and acknowledges the message: the try is as unstarted
         # as a lost message.  Claimed here (with the message, when its publisher does
@@ -428,21 +426,10 @@ def on_revoked(
         expected += (TaskState.FAILED,)
     else:
         reason = "revoked"
-    now = utcnow()
-    context.runtime.write(
-        WriteKind.TRANSITION,
-        Transition(
-            request.id,
-            try_number_of(request),
-            expected,
-            {
-                "state": TaskState.REVOKED,
-                "state_reason": reason,
-                "ended_at": now,
-                "updated_at": now,
-            },
-        ),
+    change = Transition.ending(
+        request.id, try_number_of(request), expected, TaskState.REVOKED, reason, utcnow()
     )
+    context.runtime.write(WriteKind.TRANSITION, change)
 
 
 def _left_alone(context: RecoveryContext, task: Any, task_id: str, request: Any = None) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
-from celery_recovery.core.consumer import ConsumerFacts, Probe, StallJudge
+from celery_recovery.core.consumer import ConsumerFacts, QueueProbe, StallJudge
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.records import WriteKind
 from celery_recovery.core.timeutils import from_timestamp, utcnow
@@ -142,7 +142,7 @@ class ConsumerWatch:
         except Exception as exc:  # any transport's connection error, timeouts included
             ready, error = None, f"{type(exc).__name__}: {exc}"[:200]
         with self._lock:
-            self.judge.probed(Probe(time.monotonic(), ready, error), self.last_received)
+            self.judge.probed(QueueProbe(time.monotonic(), ready, error), self.last_received)
 
     # -- judging (the heartbeat thread) -----------------------------------------------
 

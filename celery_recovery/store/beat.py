@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import exists, select, update
 
 from celery_recovery.core.audit import Decision
-from celery_recovery.core.records import BeatEntryRow
+from celery_recovery.core.records import BeatEntryRow, MissedRuns
 from celery_recovery.store.audit import append_decisions
 from celery_recovery.store.repository import Repository, row_of, rows_of
 from celery_recovery.store.schema import beat_entries, leases
@@ -94,41 +94,59 @@ class BeatRepository(Repository):
         self,
         name: str,
         expected_last: datetime,
-        run_at: datetime | None,
-        task_id: str | None,
+        run_at: datetime,
+        task_id: str,
         fence: Fence,
         now: datetime,
-        missed: int = 0,
-        missed_at: datetime | None = None,
-        missed_reason: str | None = None,
+        *,
+        missed: MissedRuns | None = None,
         decisions: Sequence[Decision] = (),
     ) -> bool:
-        """Decide the entry's runs up to one scheduled time, under the lease.
-
-        With ``run_at``: claim that run (to send as ``task_id``), after ``missed``
-        earlier ones were missed.  Without: record ``missed`` runs up to
-        ``missed_at`` and claim nothing.  False, changing nothing, when the entry
-        moved on from ``expected_last``, holds an unsent run, or the lease is no
-        longer ``fence``'s.  ``decisions`` join the audit log in the same
-        transaction.
-        """
+        """Claim the entry's run at ``run_at`` (to send as ``task_id``), under the lease,
+        after the ``missed`` ones before it.  False, changing nothing, when the entry
+        moved on from ``expected_last``, holds an unsent run, or the lease is no longer
+        ``fence``'s.  ``decisions`` join the audit log in the same transaction."""
         c = beat_entries.c
         values: dict[str, Any] = {
-            "last_run_at": run_at if run_at is not None else missed_at,
-            "updated_at": now,
+            "last_run_at": run_at,
+            "pending_run_at": run_at,
+            "pending_task_id": task_id,
+            "pending_token": fence.token,
+            "total_run_count": c.total_run_count + 1,
         }
-        if run_at is not None:
+        return self._move_on(name, expected_last, fence, now, values, missed, decisions)
+
+    def record_missed(
+        self,
+        name: str,
+        expected_last: datetime,
+        fence: Fence,
+        now: datetime,
+        missed: MissedRuns,
+        decisions: Sequence[Decision] = (),
+    ) -> bool:
+        """Record ``missed`` runs and claim none: the entry moves on to ``missed.up_to``.
+        False as for :meth:`claim_run`."""
+        values = {"last_run_at": missed.up_to}
+        return self._move_on(name, expected_last, fence, now, values, missed, decisions)
+
+    def _move_on(
+        self,
+        name: str,
+        expected_last: datetime,
+        fence: Fence,
+        now: datetime,
+        values: dict[str, Any],
+        missed: MissedRuns | None,
+        decisions: Sequence[Decision],
+    ) -> bool:
+        c = beat_entries.c
+        values = {**values, "updated_at": now}
+        if missed is not None and missed.count:
             values.update(
-                pending_run_at=run_at,
-                pending_task_id=task_id,
-                pending_token=fence.token,
-                total_run_count=c.total_run_count + 1,
-            )
-        if missed:
-            values.update(
-                missed_count=c.missed_count + missed,
-                last_missed_at=missed_at,
-                last_missed_reason=missed_reason,
+                missed_count=c.missed_count + missed.count,
+                last_missed_at=missed.up_to,
+                last_missed_reason=missed.reason,
             )
         stmt = (
             update(beat_entries)

@@ -20,7 +20,6 @@ from celery_recovery.store.beat import BeatRepository
 from celery_recovery.store.checkins import CheckinRepository
 from celery_recovery.store.claims import ClaimRepository
 from celery_recovery.store.database import Database
-from celery_recovery.store.heartbeats import TaskHeartbeatRepository
 from celery_recovery.store.jobs import JobRepository
 from celery_recovery.store.leases import LeaseRepository
 from celery_recovery.store.liveness import LivenessRepository
@@ -29,6 +28,7 @@ from celery_recovery.store.overdue import OverdueReads
 from celery_recovery.store.reservations import ReservationRepository
 from celery_recovery.store.retention import RetentionRepository
 from celery_recovery.store.revocations import RevocationRepository
+from celery_recovery.store.task_heartbeats import TaskHeartbeatRepository
 from celery_recovery.store.tries import TryRepository
 from celery_recovery.store.triggers import TriggerRepository
 
@@ -49,7 +49,7 @@ class Store:
         self.claims = ClaimRepository(self.db)
         self.checkins = CheckinRepository(self.db)
         self.retention = RetentionRepository(self.db)
-        self.heartbeats = TaskHeartbeatRepository(self.db)
+        self.task_heartbeats = TaskHeartbeatRepository(self.db)
         self.beat = BeatRepository(self.db)
         self.overdue = OverdueReads(self.db)
 

@@ -18,8 +18,8 @@ from celery_recovery.core.records import ResetPlan, SweepOutcome
 from celery_recovery.core.states import TaskState
 from celery_recovery.messages.backend_probe import Probe
 from celery_recovery.messages.dead_receives import republish_delay
+from celery_recovery.messages.headers import ROUTE_KEYS
 from celery_recovery.messages.republish import republish
-from celery_recovery.messages.result_backends import ROUTE_KEYS
 from celery_recovery.store import MESSAGE_COLUMNS, unreadable
 from celery_recovery.sweeps.context import SweepContext
 

@@ -9,7 +9,7 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutdown
 
 from celery_recovery.runtime.context import context_for_app
-from celery_recovery.task_heartbeats.beats import (
+from celery_recovery.task_heartbeats.buffer import (
     MAX_DETAILS_BYTES,
     heartbeat,
     heartbeat_details,

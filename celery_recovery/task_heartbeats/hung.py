@@ -117,7 +117,7 @@ class HungTries:
         self._given_up &= keys
         if not watched:
             return
-        beats = self.context.store.heartbeats.last_beats(key for _, key, _ in watched)
+        beats = self.context.store.task_heartbeats.last_beats(key for _, key, _ in watched)
         now = time.monotonic()
         for request, key, timeout in watched:
             seen = self._seen.setdefault(key, [now, None])

@@ -24,7 +24,8 @@ from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import DeferralError, TriggerFailedError, TriggerTimeoutError
 from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deliveries.deferral import RESUME_HEADER, resume_header
+from celery_recovery.deliveries.deferral import resume_header
+from celery_recovery.messages.headers import RESUME_HEADER
 from celery_recovery.messages.republish import republish
 from celery_recovery.messages.result_backends import caller_request
 from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from celery_recovery.messages.resends import RESENT_HEADER
+from celery_recovery.messages.headers import RESENT_HEADER
 from tests.conftest import app_env
 from tests.workers import SessionProcess, WorkerProcess, wait_for
 

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from celery_recovery.beat.leadership import LEASE
 from celery_recovery.cli import recovery
+from celery_recovery.core.records import MissedRuns
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import Fence
 from tests.cli.helpers import run, run_json
@@ -18,7 +19,8 @@ def test_schedules_show_the_leader_last_and_next_runs_and_missed_ones(store, sto
     token = store.leases.acquire_lease(LEASE, "a:1@h", now, 60)
     fence = Fence(LEASE, "a:1@h", token)
     run_at = anchor + timedelta(seconds=20)
-    store.beat.claim_run("e", anchor, run_at, "tid", fence, now, 1, run_at - timedelta(10), "down")
+    missed = MissedRuns(1, run_at - timedelta(10), "down")
+    store.beat.claim_run("e", anchor, run_at, "tid", fence, now, missed=missed)
     store.beat.mark_sent("e", "tid", token, now)
 
     rows = run_json(store_url, "inspect", "schedules")

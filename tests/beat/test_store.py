@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 
 from celery_recovery.beat.leadership import LEASE
 from celery_recovery.core.audit import AuditAction, AuditReason, beat_decision
+from celery_recovery.core.records import MissedRuns
 from celery_recovery.store import Fence, Store
 from celery_recovery.store.engine import create_store_engine
 from celery_recovery.store.schema import beat_entries
@@ -143,9 +144,7 @@ def test_missed_runs_are_recorded_without_a_claim(store):
     registered(store)
     fence = lead(store, "a", T0)
     missed_at = T0 + timedelta(minutes=5)
-    assert store.beat.claim_run(
-        "e", T0, None, None, fence, T0, missed=300, missed_at=missed_at, missed_reason="down"
-    )
+    assert store.beat.record_missed("e", T0, fence, T0, MissedRuns(300, missed_at, "down"))
     row = store.beat.entry("e")
     assert row["last_run_at"] == missed_at and row["pending_task_id"] is None
     assert (row["missed_count"], row["last_missed_reason"]) == (300, "down")

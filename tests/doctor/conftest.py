@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.servers import PrivateRedis, free_port
-from tests.services import require
+from tests.faults.servers import PrivateRedis
+from tests.services import free_port, require
 
 #: What loses tasks: evicts keys under memory pressure, keeps nothing on disk.
 MISCONFIGURED = ("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")

@@ -18,15 +18,10 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
+from tests.services import free_port
 from tests.workers import wait_for
 
 PG_BIN = Path(os.environ.get("RECOVERY_TEST_PG_BIN", "/usr/local/bin"))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _answering(port: int) -> bool:

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def scrape(port: int) -> Samples | None:

@@ -73,7 +73,7 @@ def test_an_overdue_try_shows_its_last_heartbeat(store):
     now = utcnow()
     add_history(store, "shop.import", now, [10.0] * 20)
     task_id = add_running(store, "shop.import", now)
-    assert store.heartbeats.beat(task_id, 1, now + timedelta(seconds=5), None) is True
+    assert store.task_heartbeats.beat(task_id, 1, now + timedelta(seconds=5), None) is True
 
     [row] = store.overdue.find(now + timedelta(seconds=100), POLICY)
     assert row["last_beat"] == now + timedelta(seconds=5)

@@ -47,24 +47,26 @@ def _give_up(store, task_id: str) -> bool:
 
 def test_a_beat_is_written_for_a_running_try_and_read_by_the_next(store):
     task_id = add_try(store, "running", job_id="job-1", task_name="shop.import")
-    assert store.heartbeats.beat(task_id, 1, utcnow(), _details("step 3")) is True
-    assert store.heartbeats.beat(task_id, 1, utcnow(), None) is True  # a beat keeps the details
-    assert store.heartbeats.last_details(task_id, 2) == {"at": "step 3"}
-    assert store.heartbeats.last_details("unknown", 2) is None
+    assert store.task_heartbeats.beat(task_id, 1, utcnow(), _details("step 3")) is True
+    assert (
+        store.task_heartbeats.beat(task_id, 1, utcnow(), None) is True
+    )  # a beat keeps the details
+    assert store.task_heartbeats.last_details(task_id, 2) == {"at": "step 3"}
+    assert store.task_heartbeats.last_details("unknown", 2) is None
 
 
 def test_a_try_without_a_record_yet_is_not_refused_but_nothing_is_written(store):
-    assert store.heartbeats.beat("not-claimed-yet", 1, utcnow(), _details("x")) is None
-    assert store.heartbeats.last_details("not-claimed-yet", 1) is None
+    assert store.task_heartbeats.beat("not-claimed-yet", 1, utcnow(), _details("x")) is None
+    assert store.task_heartbeats.last_details("not-claimed-yet", 1) is None
 
 
 def test_a_stale_try_is_refused_once_a_later_try_replaced_it(store):
     task_id = add_try(store, "running", job_id="job-1", task_name="shop.import")
-    store.heartbeats.beat(task_id, 1, utcnow(), _details("step 3"))
+    store.task_heartbeats.beat(task_id, 1, utcnow(), _details("step 3"))
     assert _give_up(store, task_id)
     # The given-up try wakes up and beats: refused, and its details are not taken
-    assert store.heartbeats.beat(task_id, 1, utcnow(), _details("step 4")) is False
-    assert store.heartbeats.last_details(task_id, 2) == {"at": "step 3"}
+    assert store.task_heartbeats.beat(task_id, 1, utcnow(), _details("step 4")) is False
+    assert store.task_heartbeats.last_details(task_id, 2) == {"at": "step 3"}
 
 
 def test_a_beat_racing_the_reset_either_lands_before_it_or_is_refused(store):
@@ -73,7 +75,7 @@ def test_a_beat_racing_the_reset_either_lands_before_it_or_is_refused(store):
     # the late beat was accepted (two tries never both own the progress)
     for round_number in range(15):
         task_id = add_try(store, "running", job_id="job-1", task_name="shop.import")
-        store.heartbeats.beat(task_id, 1, utcnow(), _details("early"))
+        store.task_heartbeats.beat(task_id, 1, utcnow(), _details("early"))
         outcomes: dict[str, object] = {}
         roles = ["beat", "reset"]
         lock = threading.Lock()
@@ -84,19 +86,19 @@ def test_a_beat_racing_the_reset_either_lands_before_it_or_is_refused(store):
             if role == "reset":
                 outcomes[role] = _give_up(store, task_id)
             else:
-                outcomes[role] = store.heartbeats.beat(task_id, 1, utcnow(), _details("late"))
+                outcomes[role] = store.task_heartbeats.beat(task_id, 1, utcnow(), _details("late"))
 
         run_concurrently(race)
         assert outcomes["reset"] is True, round_number
-        read = store.heartbeats.last_details(task_id, 2)
+        read = store.task_heartbeats.last_details(task_id, 2)
         assert read == ({"at": "late"} if outcomes["beat"] else {"at": "early"}), outcomes
-        assert store.heartbeats.beat(task_id, 1, utcnow(), _details("later")) is False
+        assert store.task_heartbeats.beat(task_id, 1, utcnow(), _details("later")) is False
 
 
 def test_inspect_tasks_shows_a_running_trys_last_beat_and_details(store):
     task_id = add_try(store, "running", job_id="job-1", task_name="shop.import")
     add_try(store, "running", job_id="job-1", task_name="shop.quiet")
-    store.heartbeats.beat(task_id, 1, utcnow(), _details("step 3"))
+    store.task_heartbeats.beat(task_id, 1, utcnow(), _details("step 3"))
 
     rows = {r["task_id"]: r for r in run_json(store.url, "inspect", "tasks")}
     beating = rows[task_id]
@@ -122,14 +124,14 @@ def test_db_clean_keeps_the_beats_a_task_may_still_resume_from(store):
 
     assert result.exit_code == 0, result.output
     assert "task_heartbeats 0" not in result.output
-    assert store.heartbeats.of_task(finished) == []
-    assert store.heartbeats.last_details(retried, 2) == {"at": "old"}
+    assert store.task_heartbeats.of_task(finished) == []
+    assert store.task_heartbeats.last_details(retried, 2) == {"at": "old"}
 
 
 @pytest.mark.parametrize("show_args", [False, True])
 def test_the_consoles_task_page_shows_each_trys_last_beat(store, show_args):
     task_id = add_try(store, "running", job_id="job-1", task_name="shop.import")
-    store.heartbeats.beat(task_id, 1, utcnow(), _details("step 3"))
+    store.task_heartbeats.beat(task_id, 1, utcnow(), _details("step 3"))
 
     with console_client(store.url, show_args=show_args) as client:
         beat = client.get(f"/api/tasks/{task_id}").json()["tries"][0]["heartbeat"]

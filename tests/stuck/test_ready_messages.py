@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_recovery.stalls.broker import ready_messages
 from tests.apps.lifecycle import sqs_transport_options
-from tests.faults.servers import free_port
+from tests.services import free_port
 from tests.workers import wait_for
 
 

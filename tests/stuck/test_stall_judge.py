@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_recovery.core.consumer import ConsumerFacts, Probe, StallJudge, stalled_reason
+from celery_recovery.core.consumer import ConsumerFacts, QueueProbe, StallJudge, stalled_reason
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.presets import PRESETS
 from celery_recovery.core.settings import RecoverySettings
@@ -18,7 +18,7 @@ def facts(last_received: float = 0.0, free: int = 2, connected: bool = True, sin
 
 def probed(judge: StallJudge, at: float, ready: int | None, error: str | None = None) -> None:
     judge.probe_started(at)
-    judge.probed(Probe(at, ready, error), last_received=0.0)
+    judge.probed(QueueProbe(at, ready, error), last_received=0.0)
 
 
 def test_an_idle_worker_with_empty_queues_is_never_stalled():

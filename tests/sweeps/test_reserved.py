@@ -7,14 +7,19 @@ import time
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
 
 from celery_recovery import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
-from celery_recovery.store.schema import reservations
 from tests.conftest import FAST_SETTINGS
-from tests.sweeps.helpers import count, ledger_lines, restore_unacked, running_try, sweep_until
+from tests.sweeps.helpers import (
+    count,
+    ledger_lines,
+    reserved_ids,
+    restore_unacked,
+    running_try,
+    sweep_until,
+)
 from tests.workers import flush_publisher, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.compat]
@@ -28,11 +33,6 @@ COUNTDOWN = 13.0
 #: Redis restores the dead worker's originals this long after it took them (the
 #: PostgreSQL case): they must be dropped, not run a second time.
 VISIBILITY = 9.0
-
-
-def reserved_ids(store) -> set[str]:
-    with store.transaction() as conn:
-        return {row.task_id for row in conn.execute(select(reservations.c.task_id))}
 
 
 @pytest.mark.parametrize(

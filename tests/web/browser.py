@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import in_ci
+from tests.services import free_port, in_ci
 from tests.workers import ROOT, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -54,12 +53,6 @@ def browser(width: int = 1280, height: int = 900) -> Iterator[object]:
         yield driver
     finally:
         driver.quit()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 #: ``celery -A <the tests' app> recovery``: the console with the app's settings.

@@ -3,7 +3,7 @@
 ``heartbeat()`` is cheap enough to call in a loop: it encodes the details,
 keeps the newest beat of each try in memory and returns; a thread of the
 process writes the pending beats every :data:`FLUSH_INTERVAL` seconds, one
-fenced write per try that beat (see :mod:`celery_recovery.store.heartbeats`).
+fenced write per try that beat (see :mod:`celery_recovery.store.task_heartbeats`).
 A write refused because a later try replaced this one marks the try stale, and
 its next ``heartbeat()`` raises :class:`~celery_recovery.core.errors.StaleTryError`.
 """
@@ -34,7 +34,7 @@ MAX_DETAILS_BYTES = 64 * 1024
 _NO_DETAILS: Any = object()
 
 
-class BeatBuffer:
+class TaskHeartbeatBuffer:
     """One process's pending beats, written by a thread of its own."""
 
     def __init__(self, context: RecoveryContext) -> None:
@@ -65,7 +65,7 @@ class BeatBuffer:
         store = self.context.store
         for key, (at, details) in pending.items():
             try:
-                written = store.heartbeats.beat(key[0], key[1], at, details)
+                written = store.task_heartbeats.beat(key[0], key[1], at, details)
             except StoreError as exc:
                 self.context.runtime.health.record_failure(exc, f"recording a beat of {key}")
                 written = None
@@ -84,18 +84,18 @@ class BeatBuffer:
                 logger.exception("celery-recovery: writing task heartbeats failed; carrying on")
 
 
-_buffers: dict[int, BeatBuffer] = {}
+_buffers: dict[int, TaskHeartbeatBuffer] = {}
 _buffers_lock = threading.Lock()
 
 
-def _buffer(context: RecoveryContext) -> BeatBuffer:
+def _buffer(context: RecoveryContext) -> TaskHeartbeatBuffer:
     """This process's buffer for ``context`` (a new one after a fork)."""
     found = _buffers.get(id(context))
     if found is None or found.pid != current_pid():
         with _buffers_lock:
             found = _buffers.get(id(context))
             if found is None or found.pid != current_pid():
-                found = _buffers[id(context)] = BeatBuffer(context)
+                found = _buffers[id(context)] = TaskHeartbeatBuffer(context)
     return found
 
 
@@ -153,4 +153,4 @@ def heartbeat_details() -> Any:
     if found is None:
         return None
     context, (task_id, try_number) = found
-    return context.store.heartbeats.last_details(task_id, try_number)
+    return context.store.task_heartbeats.last_details(task_id, try_number)
