@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from celery_recovery.core.records import MissedRuns
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import BEAT_LEASE, Fence
 from tests.web.helpers import console_client
@@ -16,7 +17,8 @@ def test_the_schedules_page_shows_the_leader_and_each_entrys_runs(store):
     token = store.leases.acquire_lease(BEAT_LEASE, "a:7@host", now, 60)
     run_at = anchor + timedelta(seconds=10)
     fence = Fence(BEAT_LEASE, "a:7@host", token)
-    store.beat.claim_run("report", anchor, run_at, "tid-1", fence, now, 2, anchor, "beats down")
+    missed = MissedRuns(2, anchor, "beats down")
+    store.beat.claim_run("report", anchor, run_at, "tid-1", fence, now, missed=missed)
     store.beat.mark_sent("report", "tid-1", token, now)
     with console_client(store.url) as client:
         data = client.get("/api/schedules").json()
