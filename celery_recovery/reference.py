@@ -21,15 +21,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from celery_recovery.core.presets import PRESETS
-from celery_recovery.core.settings import (
-    DEFAULT_PRESET,
-    ENV_PREFIX,
-    MIN_HEARTBEATS_PER_THRESHOLD,
-    PREFIX,
-    SETTINGS,
-    SettingSpec,
-)
+from celery_recovery.core.app_conf import PREFIX
+from celery_recovery.core.presets import DEFAULT_PRESET, PRESETS
+from celery_recovery.core.settings import ENV_PREFIX, SETTINGS, SettingSpec
+from celery_recovery.core.timing_relations import MIN_HEARTBEATS_PER_THRESHOLD
 from celery_recovery.core.urls import SUPPORTED_SCHEMES
 from celery_recovery.sweeps.fallback import MISSED_SWEEPS
 
@@ -116,7 +111,7 @@ def render_configuration() -> str:
         )
         lines.append(
             f"| `{spec.conf_key}` | `{spec.env_var}` | {_type(spec)} | "
-            f"{_value(spec, _default(spec))} |{others}"
+            f"{_value(spec, spec.default)} |{others}"
         )
     lines += ["", "## Settings", ""]
     for spec in SETTINGS:
@@ -228,7 +223,7 @@ def _section(spec: SettingSpec, timing: list[str]) -> list[str]:
         "",
         f"- Environment: `{spec.env_var}`",
         f"- Type: {_type(spec)}. Allowed: {allowed}",
-        f"- Default: {_value(spec, _default(spec))}",
+        f"- Default: {_value(spec, spec.default)}",
     ]
     if spec.name in timing:
         presets = ", ".join(f"`{p}` {_value(spec, v[spec.name])}" for p, v in PRESETS.items())
@@ -263,10 +258,6 @@ def _validation() -> list[str]:
         "or keyword argument is refused, with the nearest known name.",
         "",
     ]
-
-
-def _default(spec: SettingSpec) -> Any:
-    return PRESETS[DEFAULT_PRESET].get(spec.name, spec.default)
 
 
 def _type(spec: SettingSpec) -> str:

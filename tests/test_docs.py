@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from celery_recovery import reference
-from celery_recovery.core.settings import SETTINGS, SettingSpec, _count
+from celery_recovery.core.setting_parsers import count
+from celery_recovery.core.settings import SETTINGS, SettingSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -32,7 +33,7 @@ def test_a_setting_added_without_docs_fails(monkeypatch):
         return value
 
     new = (
-        SettingSpec("new_thing", 1, _count, ""),
+        SettingSpec("new_thing", 1, count, ""),
         SettingSpec("other_thing", 1, _undocumented, "A documented setting, parsed oddly."),
     )
     monkeypatch.setattr(reference, "SETTINGS", SETTINGS + new)

@@ -12,6 +12,9 @@ from typing import Any
 
 from celery_recovery.core.errors import ConfigurationError
 
+#: The preset that applies when none is chosen: its values are the timing settings' defaults.
+DEFAULT_PRESET = "default"
+
 PRESETS: MappingProxyType[str, MappingProxyType[str, float]] = MappingProxyType(
     {
         "default": MappingProxyType(

@@ -4,12 +4,9 @@ take an ordinary pause for a death."""
 
 from __future__ import annotations
 
+from celery_recovery.core.app_conf import PREFIX
 from celery_recovery.core.presets import PRESETS
-from celery_recovery.core.settings import (
-    MIN_HEARTBEATS_PER_THRESHOLD,
-    PREFIX,
-    relation_problems,
-)
+from celery_recovery.core.timing_relations import MIN_HEARTBEATS_PER_THRESHOLD, relation_problems
 from celery_recovery.doctor.deployment import Deployment
 from celery_recovery.doctor.findings import Report, Severity
 

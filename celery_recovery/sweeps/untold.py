@@ -21,7 +21,7 @@ from celery import states
 
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.log_once import LogOnce
-from celery_recovery.core.settings import unknown_outcome
+from celery_recovery.core.setting_parsers import unknown_outcome
 from celery_recovery.messages.backend_probe import UNASKABLE, Probe
 from celery_recovery.messages.result_backends import unaskable_because
 from celery_recovery.sweeps.context import SweepContext
