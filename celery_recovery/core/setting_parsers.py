@@ -85,9 +85,13 @@ def factor(key: str, value: Any) -> float:
             raise ConfigurationError(problem) from None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigurationError(problem)
-    if not (value >= 1 and value != float("inf")):
+    try:
+        result = float(value)  # an int too large for a float overflows
+    except OverflowError:
+        raise ConfigurationError(problem) from None
+    if not (result >= 1 and result != float("inf")):
         raise ConfigurationError(problem)
-    return float(value)
+    return result
 
 
 def _items(

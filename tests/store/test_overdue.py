@@ -99,7 +99,8 @@ def test_percentile_and_bound():
 
 
 @pytest.mark.parametrize(
-    ("value", "allowed"), [(0.5, False), ("2", True), (True, False), ("x", False), (1, True)]
+    ("value", "allowed"),
+    [(0.5, False), ("2", True), (True, False), ("x", False), (1, True), (10**400, False)],
 )
 def test_overdue_factor_is_validated(value, allowed):
     from celery_recovery.core.errors import ConfigurationError
