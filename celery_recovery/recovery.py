@@ -20,6 +20,7 @@ from celery_recovery.signals.reservations import ForgetReservationsOnReconnect
 from celery_recovery.signals.tasks import hook_task_classes
 from celery_recovery.store import Store
 from celery_recovery.sweeps.fallback import SweepFallback
+from celery_recovery.sweeps.marker_watch import MarkerWatch, start_marker_watch
 from celery_recovery.sweeps.retention import register_clean_task
 from celery_recovery.sweeps.runner import run_sweep
 from celery_recovery.sweeps.tasks import register_sweep_task
@@ -112,6 +113,18 @@ class Recovery:
         callbacks of tries it failed.  Safe to run in several processes at once.
         """
         return run_sweep(self.context, now)
+
+    def watch_markers(self, on_deaths: Callable[[], Any] | None = None) -> MarkerWatch | None:
+        """Start this process's marker watch (for a process that sweeps in a loop of its
+        own; ``sweep --loop``, beat and the workers' fallback start theirs).
+
+        Twice a second it checks every liveness marker it can (see
+        :mod:`celery_recovery.sweeps.marker_watch`) and marks the jobs of dead processes
+        failed; after a look that found one it calls ``on_deaths``, by default a
+        :meth:`sweep` in its own thread.  None when ``recovery_liveness_markers`` is
+        ``off``.
+        """
+        return start_marker_watch(self.context, on_deaths)
 
     def add_failure_listener(self, listener: Callable[..., Any]) -> Callable[..., Any]:
         """Register ``listener(task_id=, task_name=, try_number=, kind=, exception=)``.

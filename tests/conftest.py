@@ -492,3 +492,16 @@ def start_worker(
     yield start
     for worker in workers:
         worker.kill()
+
+
+@pytest.fixture
+def dead_pid() -> tuple[int, str]:
+    """The pid and process marker of a process that has exited."""
+    from celery_recovery.liveness.process import process_marker
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    marker = process_marker(child.pid)
+    child.kill()
+    child.wait()
+    assert marker is not None
+    return child.pid, marker

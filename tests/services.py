@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -204,3 +205,60 @@ def start_pgbouncer(folder: str, ignore_startup_parameters: str) -> tuple[int, C
         command, port, "PgBouncer", 20, why, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
     )
     return port, stop
+
+
+def start_own_postgres() -> tuple[str, Callable[[], None], Callable[[], None]]:
+    """A PostgreSQL server of the test's own (Debian's binaries, a new cluster on a free
+    port), migrated for the store: its URL, a function that restarts it (what a restart
+    or a failover does to every session) and one that stops it.  The tests' shared
+    server is never restarted: other tests use it at the same time."""
+    import glob
+    import shutil
+
+    binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[4]))
+    if not binaries:
+        message = "PostgreSQL's server binaries are not installed (/usr/lib/postgresql/*/bin)"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    bindir = binaries[-1]
+    # Not under pytest's tmp_path: its folders are private to root, and the server runs
+    # as its own user.
+    folder = Path(tempfile.mkdtemp(prefix="recovery-pg-"))
+    os.chmod(folder, 0o777)
+    data, log = folder / "data", folder / "server.log"
+    # The server refuses to run as root: as root (CI), it runs as its own user.
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    subprocess.run(
+        [*as_postgres, f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "postgres"],
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+
+    def pg_ctl(*args: str) -> None:
+        done = subprocess.run(
+            [*as_postgres, f"{bindir}/pg_ctl", "-D", str(data), "-l", str(log), "-w", *args]
+            + (["-o", options] if args[0] != "stop" else []),
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise AssertionError(f"pg_ctl {' '.join(args)} failed: {done.stderr}\n{tail}")
+
+    pg_ctl("start")
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    from celery_recovery.store.engine import create_store_engine
+    from celery_recovery.store.migrate import upgrade
+
+    engine = create_store_engine(url, for_migrations=True)
+    upgrade(engine, "head")
+    engine.dispose()
+
+    def stop() -> None:
+        pg_ctl("stop", "-m", "immediate")
+        shutil.rmtree(folder, ignore_errors=True)
+
+    return url, lambda: pg_ctl("restart", "-m", "fast"), stop

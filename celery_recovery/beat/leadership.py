@@ -6,6 +6,13 @@ seconds; a standby tries to take it as often.  The lease lasts
 within a sweep interval and a renewal period (under a sweep plus a heartbeat
 interval, the bound of a dead worker).  Each new holder gets the next token.
 
+A standby need not wait for the lease to run out when the leader is dead: every
+:data:`STANDBY_LOOK` seconds it looks at the leader's liveness markers
+(:mod:`.leader_markers`), and takes the lease from a leader whose process is gone,
+or whose advisory lock two looks found missing, with a compare-and-set on the
+dead leader's token.  Taking it from a leader that was in fact alive only hands the
+lead over: the fence below keeps each run sent once.
+
 The token is only half the fence: a leader publishes a claimed run only while
 its lease, as measured on its own monotonic clock from before the renewal that
 confirmed it, has a quarter of its length left.  A leader that wakes from a
@@ -23,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 
+from celery_recovery.beat.leader_markers import LeaderMarkers
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.process_id import HOSTNAME
 from celery_recovery.core.settings import RecoverySettings
@@ -35,6 +43,8 @@ logger = logging.getLogger("celery_recovery.beat")
 LEASE = BEAT_LEASE
 #: Part of the lease's length kept in hand: a publish starts only with more left.
 SAFETY = 0.25
+#: Seconds between a standby's looks at the lease and at its leader's markers.
+STANDBY_LOOK = 0.5
 
 
 _holders: dict[int, str] = {}
@@ -72,6 +82,7 @@ class Leadership:
         #: Seconds between renewals (leader) or attempts to take the lease (standby).
         self.renew_every = min(settings.heartbeat_interval / 2, self.ttl / 3)
         self.token: int | None = None
+        self.leader_markers = LeaderMarkers(store, settings)
         self._monotonic = monotonic
         self._valid_until = 0.0
         self._next_attempt = 0.0
@@ -91,8 +102,10 @@ class Leadership:
         started = self._monotonic()
         if not force and started < self._next_attempt:
             return False, None
-        self._next_attempt = started + self.renew_every
         previous = self.token
+        self._next_attempt = started + (
+            self.renew_every if previous is not None else min(self.renew_every, STANDBY_LOOK)
+        )
         try:
             token = self.store.leases.acquire_lease(LEASE, self.holder, self.clock(), self.ttl)
         except StoreError as exc:
@@ -102,6 +115,8 @@ class Leadership:
             token = None
         else:
             self.health.record_success()
+        if token is None and previous is None:
+            token = self._take_from_dead_leader()
         if token is None:
             self.token = None
             if previous is not None:
@@ -118,6 +133,27 @@ class Leadership:
             )
             return True, None
         return False, None
+
+    def _take_from_dead_leader(self) -> int | None:
+        try:
+            lease = self.store.leases.lease(LEASE)
+            dead = self.leader_markers.dead_holder(lease)
+            if dead is None:
+                return None
+            holder, token = dead
+            taken = self.store.leases.take_over_lease(
+                LEASE, self.holder, holder, token, self.clock(), self.ttl
+            )
+        except StoreError as exc:
+            logger.debug("celery-recovery beat: could not look at the leader's markers: %s", exc)
+            return None
+        if taken is not None:
+            logger.warning(
+                "celery-recovery beat: leader %s is dead (its liveness marker is gone); "
+                "taking the lead from it before its lease ends",
+                holder,
+            )
+        return taken
 
     def may_publish(self) -> bool:
         """Whether this leader's lease surely still holds for a publish started now."""

@@ -239,10 +239,11 @@ class RecoverySettings:
     liveness_markers: str = setting(
         "auto",
         parse=parsers.liveness_markers,
-        doc="Markers that let a sweep find a dead process without waiting for the zombie "
-        "threshold: a process whose marker is gone and whose heartbeat is late by more than "
-        "one interval (two for the lock) is dead at once; one whose marker is present is "
-        "judged by the threshold. "
+        doc="Markers that find a dead process without waiting for the zombie threshold: the "
+        "marker watch of whoever sweeps (`sweep --loop`, a beat that schedules the sweep, a "
+        "worker's fallback) looks twice a second, and a process it saw holding a marker that "
+        "is now gone is dead at once (a lock: gone for a second, on the same server, with no "
+        "heartbeat since); one whose marker is present is judged by the threshold. "
         "`auto`: a PostgreSQL advisory lock on a connection of its own (one per worker, beat "
         "and triggerer, when the store is PostgreSQL) and the process id with its start time "
         "(checked by a sweep on the same host). `process`: the second only. Behind a "

@@ -34,8 +34,10 @@ from celery_recovery.core.urls import mask_secrets
 
 logger = logging.getLogger("celery_recovery.liveness")
 
-#: Seconds between two attempts to reconnect a lost marker connection.
-RECONNECT_DELAY = 0.5
+#: Seconds between two attempts to reconnect a lost marker connection, or to take a lock
+#: its old session still holds (a connection the server has not yet seen end): well
+#: within the marker watch's confirmation (1 s), so a live holder is never judged dead.
+RECONNECT_DELAY = 0.25
 #: Seconds a connection attempt may take.
 CONNECT_TIMEOUT = 3
 
@@ -112,25 +114,40 @@ class MarkerHolder(threading.Thread):
                 "-c tcp_keepalives_count=3"
             ),
         )
-        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
         self._conn = conn
+        if not self._take(conn):
+            logger.info(
+                "celery-recovery: liveness marker key %s is still held by this process's "
+                "previous session; taking it when that session ends",
+                self.key,
+            )
+
+    def _take(self, conn: Any) -> bool:
+        # The key is random and ours: a session holding it is this process's previous
+        # one, which the server has not yet seen end (a cut network, no FIN).
+        got = conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,)).fetchone()
         if got and got[0]:
             self._held.set()
-        else:  # another session holds this key: never ours to claim
-            self._held.clear()
-            logger.warning("celery-recovery: liveness marker key %s is taken; not held", self.key)
+            return True
+        self._held.clear()
+        return False
 
     def _watch(self) -> None:
-        """Wait for the server to close the connection, or check it once per interval."""
+        """Wait for the server to close the connection, or check it once per interval
+        (every RECONNECT_DELAY while the lock is not yet ours again)."""
         conn = self._conn
+        held = self.held
         try:
             # Readable means the server sent something unasked: it is ending the session,
             # and the round trip below reads why.  Otherwise, once per interval, the round
             # trip catches a connection that ended without a word.
-            select.select([conn.fileno()], [], [], self.interval)
+            select.select([conn.fileno()], [], [], self.interval if held else RECONNECT_DELAY)
             if self._stop_event.is_set():
                 return
-            conn.execute("SELECT 1")
+            if held:
+                conn.execute("SELECT 1")
+            elif self._take(conn):
+                logger.info("celery-recovery: liveness marker key %s taken again", self.key)
         except Exception as exc:
             logger.info("celery-recovery: liveness marker connection lost (%s); retaking", exc)
             self._drop()

@@ -28,6 +28,12 @@ def _view() -> str | None:
     return f"{boot}/{namespace}"
 
 
+def process_view() -> str | None:
+    """Where this process's ids mean something (boot id and pid namespace): the prefix of
+    the process markers it can check; None where it can check none."""
+    return _view()
+
+
 def _start_ticks(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:

@@ -34,6 +34,8 @@ from celery_recovery.runtime.context import RecoveryContext, context_for_app, in
 from celery_recovery.signals.guard import never_raises
 from celery_recovery.signals.reservations import MAIN_PROCESS_FLUSH_INTERVAL
 from celery_recovery.stalls import start_watch, stop_watch
+from celery_recovery.sweeps.marker_watch import start_marker_watch
+from celery_recovery.sweeps.tasks import SWEEP_TASK
 from celery_recovery.telemetry import metrics
 
 
@@ -120,6 +122,17 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
     context = context_for_app(app) if app is not None else _current()
     if context is not None:
         context.runtime.start_job(JobType.BEAT)
+        if _schedules_sweeps(context):
+            # This beat sends the sweeps: it also watches the markers between them, so a
+            # death is swept within a second rather than at the next scheduled sweep.
+            start_marker_watch(context)
+
+
+def _schedules_sweeps(context: RecoveryContext) -> bool:
+    schedule = context.app.conf.beat_schedule or {}
+    return any(
+        isinstance(entry, dict) and entry.get("task") == SWEEP_TASK for entry in schedule.values()
+    )
 
 
 def _start_worker_job(

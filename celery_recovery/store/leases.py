@@ -59,6 +59,29 @@ class LeaseRepository(Repository):
             row = conn.execute(stmt).first()
         return int(row[0]) if row else None
 
+    def take_over_lease(
+        self, name: str, holder: str, dead_holder: str, dead_token: int, now: datetime, ttl: float
+    ) -> int | None:
+        """Take lease ``name`` from ``dead_holder`` before it expires (its process was seen
+        dead), only while that holder still holds it with ``dead_token``; the new token."""
+        stmt = (
+            update(leases)
+            .where(
+                leases.c.name == name,
+                leases.c.holder == dead_holder,
+                leases.c.token == dead_token,
+            )
+            .values(
+                token=leases.c.token + 1,
+                holder=holder,
+                expires_at=now + timedelta(seconds=ttl),
+            )
+            .returning(leases.c.token)
+        )
+        with self.transaction() as conn:
+            row = conn.execute(stmt).first()
+        return int(row[0]) if row else None
+
     def release_lease(self, name: str, holder: str) -> bool:
         """Give up lease ``name`` if ``holder`` holds it, so that another may take it now."""
         stmt = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from celery_recovery.core.states import JobType
@@ -25,7 +26,7 @@ def sweep_dead_jobs(ctx: SweepContext) -> None:
     spared = _answering_workers(ctx, thresholds)
     for job in ctx.store.jobs.fail_dead_jobs(ctx.now, thresholds, spared):
         ctx.report.dead_jobs += 1
-        report_dead_job(ctx, job, "it stopped heartbeating")
+        report_dead_job(job, "it stopped heartbeating", ctx.now)
 
 
 def _answering_workers(ctx: SweepContext, thresholds: dict[JobType, float]) -> set[str]:
@@ -45,13 +46,14 @@ def _answering_workers(ctx: SweepContext, thresholds: dict[JobType, float]) -> s
     }
 
 
-def report_dead_job(ctx: SweepContext, job: dict[str, Any], how: str) -> None:
-    """Count, alert and log a job this sweep marked failed (after the change committed)."""
+def report_dead_job(job: dict[str, Any], how: str, now: datetime) -> None:
+    """Count, alert and log a job a sweep or the marker watch marked failed (after the
+    change committed)."""
     metrics.dead_job(job["job_type"])
     if job["job_type"] != JobType.WORKER:
         # A dead worker shows up as the zombies it leaves; a dead beat or triggerer
         # leaves nothing else behind to alert on.
-        sentry.capture_dead_job(job, ctx.now)
+        sentry.capture_dead_job(job, now)
     log = logger.warning if job["job_type"] != JobType.WORKER else logger.info
     log(
         "celery-recovery: %s job %s on %s (pid %s) is dead: %s (last heartbeat %s); marked failed",

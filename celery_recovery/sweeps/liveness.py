@@ -69,7 +69,7 @@ def sweep_dead_processes(ctx: SweepContext) -> None:
             ):
                 ctx.report.dead_jobs += 1
                 ctx.report.marker_deaths += 1
-                report_dead_job(ctx, job, how)
+                report_dead_job(job, how, ctx.now)
 
 
 def _judge(

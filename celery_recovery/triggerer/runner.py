@@ -80,6 +80,8 @@ class Triggerer:
         self._events: asyncio.Queue[Outcome] = asyncio.Queue()
         self._unrecorded: list[Outcome] = []
         self._stopping: asyncio.Event | None = None
+        #: Set to claim at once: a stop, or a dead triggerer's triggers to take.
+        self._woken: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.watchdog: LoopWatchdog | None = None
 
@@ -92,7 +94,18 @@ class Triggerer:
     def stop(self) -> None:
         """Ask the triggerer to shut down (thread-safe)."""
         if self._loop is not None and self._stopping is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
+            self._loop.call_soon_threadsafe(self._stop_now)
+
+    def wake(self) -> None:
+        """Claim now rather than at the next poll (thread-safe): another triggerer was just
+        found dead, and its triggers are free."""
+        if self._loop is not None and self._woken is not None:
+            self._loop.call_soon_threadsafe(self._woken.set)
+
+    def _stop_now(self) -> None:
+        assert self._stopping is not None and self._woken is not None
+        self._stopping.set()
+        self._woken.set()
 
     async def main(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -101,9 +114,10 @@ class Triggerer:
             # The watchdog names the running task: "Task-1" would tell an operator nothing.
             current.set_name("the triggerer's claim loop")
         self._stopping = asyncio.Event()
+        self._woken = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                self._loop.add_signal_handler(signum, self._stopping.set)
+                self._loop.add_signal_handler(signum, self._stop_now)
         runtime = self.context.runtime
         runtime.start_job(JobType.TRIGGERER, queues=",".join(self.queues))
         logger.info(
@@ -129,7 +143,8 @@ class Triggerer:
                 if full:
                     continue  # more may be waiting: claim again at once
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.poll_interval)
+                    await asyncio.wait_for(self._woken.wait(), self.poll_interval)
+                self._woken.clear()
         finally:
             await self._shut_down(recorder)
             ticker.cancel()

@@ -33,11 +33,15 @@ def start_ha_beat(
     beats: list[BeatProcess] = []
 
     def start(
-        schedule: dict[str, Any], sweep: bool = False, database_url: str | None = None
+        schedule: dict[str, Any],
+        sweep: bool = False,
+        database_url: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> BeatProcess:
         env = {
             **app_env(database_url or store_url, broker_urls, queue),
             "RECOVERY_TEST_BEAT_SCHEDULE": json.dumps(schedule),
+            **(env or {}),
         }
         if sweep:
             env["RECOVERY_TEST_BEAT_INTERVAL"] = "1.0"
@@ -59,8 +63,10 @@ def start_beat_worker(
     """A real worker of tests/apps/beat_app.py (it knows ``beat.ledger``); SIGKILLed at the end."""
     workers: list[WorkerProcess] = []
 
-    def start(pool: str = "solo", concurrency: int = 1) -> WorkerProcess:
-        env = app_env(store_url, broker_urls, queue)
+    def start(
+        pool: str = "solo", concurrency: int = 1, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
+        env = {**app_env(store_url, broker_urls, queue), **(env or {})}
         log = tmp_path / f"worker{len(workers) + 1}.log"
         worker = WorkerProcess(
             "tests.apps.beat_app", env, log, pool=pool, concurrency=concurrency, queue=queue

@@ -7,8 +7,6 @@ chosen moment, so which of the two acts first is decided, not hoped for.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
@@ -28,17 +26,6 @@ pytestmark = pytest.mark.compat
 
 #: Heartbeats a second apart: the pool process is late (and gone) 1 s after its last beat.
 TIMING = {"heartbeat_interval": 1.0, "zombie_threshold": 3.0, "health_check_threshold": 3.0}
-
-
-@pytest.fixture
-def dead_pid() -> tuple[int, str]:
-    """The pid and process marker of a process that has exited."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    marker = process_marker(child.pid)
-    child.kill()
-    child.wait()
-    assert marker is not None
-    return child.pid, marker
 
 
 def _job(store, now, pid, marker, heartbeat_age, parent_pid=None) -> str:

@@ -113,3 +113,40 @@ def test_sigterm_hands_the_triggers_to_another_triggerer_at_once(
     assert set(_resumed(ledger).values()) == {1}
     [job] = [j for j in store.jobs.list_jobs(job_type="triggerer") if j["id"] == first_id]
     assert job["state"] == "success"
+
+
+def test_a_killed_triggerers_triggers_are_taken_over_within_a_second_or_so(
+    client_app, store, start_worker, start_triggerer, tmp_path
+):
+    """Default preset (a dead triggerer counts after 30 s of silence): the other triggerer's
+    marker watch finds the death by its advisory lock and claims at once."""
+    from sqlalchemy import update
+
+    from celery_recovery.beat_schedules import preset_settings
+    from celery_recovery.store.schema import jobs
+
+    env = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in preset_settings("default").items()}
+    ledger = tmp_path / "ledger"
+    start_worker(concurrency=2)
+    first = start_triggerer(env=env)
+    first_id = first.job_id(store)
+    results = _defer(client_app, store, ledger, 20, 6.0)
+    wait_for(lambda: len(_held_by(store, first_id)) == 20, 20, what="the first to hold all")
+    second = start_triggerer(env=env)
+    second_id = second.job_id(store)
+    # As a triggerer on another host sees the first: by its advisory lock alone.
+    with store.transaction() as conn:
+        conn.execute(update(jobs).where(jobs.c.job_type == "triggerer").values(process_marker=None))
+    time.sleep(1.5)  # the second's watch has seen the first's lock held
+
+    first.kill()
+    killed_at = time.monotonic()
+    wait_for(lambda: len(_held_by(store, second_id)) == 20, 20, 0.02, "the second to hold all")
+    taken_over = time.monotonic() - killed_at
+
+    assert taken_over < 3.0, f"taken over {taken_over:.2f}s after the kill"
+    for result in results:
+        assert result.get(timeout=30)["event"]["pid"] == second.pid
+    resumed = _resumed(ledger)
+    assert set(resumed) == {r.id for r in results}
+    assert set(resumed.values()) == {1}, "a task resumed twice"

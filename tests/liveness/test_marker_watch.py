@@ -1,0 +1,249 @@
+"""The marker watch finds a death within about a second under the default preset; a pause, a
+cut marker connection and a server restart are not deaths.
+
+Everything runs with the default preset's timings (heartbeat every 5 s, sweep every
+5 s, zombie threshold 30 s): without the watch a killed worker's task waits for a
+late heartbeat and the next sweep, 5 to 10 s and more.  The sweeper is
+``celery-recovery sweep --loop``, as a deployment without beat runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from celery_recovery import JobState, TaskState
+from celery_recovery.beat_schedules import preset_settings
+from celery_recovery.core.errors import StoreError
+from celery_recovery.store import Store
+from celery_recovery.sweeps.runner import SWEEP_COMPLETION
+from tests.conftest import app_env
+from tests.liveness.test_markers import admin, forget_process_markers
+from tests.services import start_own_postgres
+from tests.sweeps.helpers import count, ledger_lines
+from tests.workers import ROOT, wait_for
+
+pytestmark = pytest.mark.slow
+
+DEFAULT = preset_settings("default")
+DEFAULT_ENV = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in DEFAULT.items()}
+#: Kill to the next try started elsewhere: a look (0.5 s), the lock's confirmation (1 s),
+#: then a sweep and a worker taking the message, with slack for a loaded machine.  The
+#: heartbeat alone needs a heartbeat interval and a sweep interval: up to 10 s.  (Measured
+#: here: 0.6-0.8 s by the process marker, 1.4 s by the lock.)
+WATCH_BOUND = 3.0
+
+
+@pytest.fixture
+def start_sweeper(broker_urls, queue, tmp_path):
+    """``celery-recovery sweep --loop`` with the default preset; stopped at teardown."""
+    procs: list[subprocess.Popen] = []
+
+    def start(store_url: str) -> subprocess.Popen:
+        """Started, and one sweep done (its watch runs from before that sweep)."""
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            **app_env(store_url, broker_urls, queue),
+            **DEFAULT_ENV,
+        }
+        command = [sys.executable, "-m", "celery_recovery.cli", "--app", "tests.apps.lifecycle"]
+        with open(tmp_path / f"sweeper{len(procs)}.log", "ab") as log:
+            procs.append(
+                subprocess.Popen(
+                    [*command, "sweep", "--loop"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        store = Store(store_url)
+        before = store.checkins.last_completed(SWEEP_COMPLETION)
+        wait_for(
+            lambda: store.checkins.last_completed(SWEEP_COMPLETION) not in (None, before),
+            30,
+            what="the sweeper's first sweep",
+        )
+        store.dispose()
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+
+
+def worker_jobs(store: Store, count_: int) -> list[dict]:
+    return wait_for(
+        lambda: (
+            len(store.jobs.list_jobs("worker", JobState.RUNNING)) == count_
+            and store.jobs.list_jobs("worker", JobState.RUNNING)
+        ),
+        15,
+        what=f"{count_} running worker jobs",
+    )
+
+
+def held_locks(store: Store) -> set[int]:
+    """The held marker keys; none while the store's connections are still being replaced."""
+    try:
+        return store.liveness.held_marker_locks()
+    except StoreError:
+        return set()
+
+
+def started(store: Store, task_id: str, try_number: int) -> bool:
+    return any(
+        t["try_number"] == try_number and t["state"] in (TaskState.RUNNING, TaskState.SUCCESS)
+        for t in store.tries.history(task_id)
+    )
+
+
+@pytest.mark.parametrize(
+    "store_url, marker",
+    [("sqlite", "process"), ("postgresql", "lock")],
+    indirect=["store_url"],
+)
+def test_a_killed_worker_is_found_by_the_watch_within_a_second(
+    store_url, marker, store, make_client_app, start_worker, start_sweeper, tmp_path
+):
+    client_app = make_client_app(store_url, **DEFAULT)
+    doomed = start_worker(name="doomed", concurrency=1, env=DEFAULT_ENV)
+    ledger = tmp_path / "ledger"
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 60, 0.5))
+    wait_for(lambda: started(store, result.id, 1), 20, what="try 1 to run")
+    if marker == "lock":
+        # As a sweeper on another host sees them: the advisory lock alone.
+        forget_process_markers(store, [job["id"] for job in worker_jobs(store, 2)])
+    start_worker(name="survivor", concurrency=1, env=DEFAULT_ENV)
+    start_sweeper(store_url)
+    worker_jobs(store, 4)
+    time.sleep(1.5)  # the watch's first looks: it judges only a marker it saw held
+
+    doomed.kill()
+    killed = time.monotonic()
+    wait_for(lambda: started(store, result.id, 2), 30, what="try 2 to start")
+    recovered_after = time.monotonic() - killed
+
+    assert result.get(timeout=30) == 60  # what the task returns: its first try's length
+    assert recovered_after < WATCH_BOUND, recovered_after
+    wait_for(
+        lambda: (
+            [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
+            == [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)]
+        ),
+        10,
+        what="try 1 retried and try 2 succeeded, on record",
+    )
+    assert count(ledger, "start") == 2 and count(ledger, "done try=2") == 1, ledger_lines(ledger)
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_a_20s_sigstop_under_the_default_preset_runs_the_task_once(
+    store_url, store, make_client_app, start_worker, start_sweeper, tmp_path
+):
+    client_app = make_client_app(store_url, **DEFAULT)
+    paused = start_worker(name="paused", concurrency=1, env=DEFAULT_ENV)
+    ledger = tmp_path / "ledger"
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 4))
+    wait_for(lambda: started(store, result.id, 1), 20, what="try 1 to run")
+    running = next(t for t in store.tries.history(result.id) if t["try_number"] == 1)
+    start_worker(name="other", concurrency=1, env=DEFAULT_ENV)
+    start_sweeper(store_url)
+    worker_jobs(store, 4)
+    time.sleep(1.5)  # the watch has seen every marker
+
+    # Its whole process group: the main process and the pool process running the task.
+    os.killpg(paused.proc.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert store.jobs.get_job(running["job_id"])["state"] == JobState.RUNNING
+            time.sleep(0.5)
+    finally:
+        os.killpg(paused.proc.pid, signal.SIGCONT)
+
+    assert result.get(timeout=30) == 4
+    wait_for(
+        lambda: (
+            [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
+            == [(1, TaskState.SUCCESS)]
+        ),
+        10,
+        what="the one try succeeded, on record",
+    )
+    assert count(ledger, "start") == 1, ledger_lines(ledger)
+    assert {j["state"] for j in store.jobs.list_jobs("worker")} == {JobState.RUNNING}
+
+
+def test_a_postgresql_restart_declares_no_live_worker_dead(
+    make_client_app, start_worker, start_sweeper, tmp_path
+):
+    url, restart, stop = start_own_postgres()
+    store = Store(url)
+    try:
+        client_app = make_client_app(url, **DEFAULT)
+        start_worker(store_url=url, name="w1", concurrency=1, env=DEFAULT_ENV)
+        start_worker(store_url=url, name="w2", concurrency=1, env=DEFAULT_ENV)
+        ledger = tmp_path / "ledger"
+        results = [
+            client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 8)) for _ in range(2)
+        ]
+        wait_for(lambda: all(started(store, r.id, 1) for r in results), 20, what="both to run")
+        jobs = worker_jobs(store, 4)
+        # Only the locks can speak (a sweeper on another host): a restart drops them all.
+        forget_process_markers(store, [job["id"] for job in jobs])
+        keys = {job["marker_lock"] for job in jobs}
+        assert None not in keys and len(keys) == 2, jobs
+        start_sweeper(url)
+        time.sleep(2)  # the watch has seen every lock held
+
+        restart()
+        wait_for(
+            lambda: keys <= held_locks(store),
+            15,
+            what="every marker lock taken again after the restart",
+        )
+        assert [r.get(timeout=30) for r in results] == [8, 8]
+        time.sleep(2)  # a watch that misjudged would have failed a job by now
+        assert {j["state"] for j in store.jobs.list_jobs("worker")} == {JobState.RUNNING}
+        for r in results:
+            assert [t["try_number"] for t in store.tries.history(r.id)] == [1]
+        assert count(ledger, "start") == 2, ledger_lines(ledger)
+    finally:
+        store.dispose()
+        stop()
+
+
+@pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
+def test_cut_marker_connections_are_not_deaths_for_the_watch(
+    store_url, store, make_client_app, start_worker, start_sweeper, tmp_path
+):
+    make_client_app(store_url, **DEFAULT)
+    worker = start_worker(name="cut", concurrency=2, env=DEFAULT_ENV)
+    jobs = worker_jobs(store, 3)
+    forget_process_markers(store, [job["id"] for job in jobs])
+    start_sweeper(store_url)
+    time.sleep(1.5)
+    label = f"celery-recovery marker worker {worker.node}@%"
+    with admin() as conn:
+        # Cut again and again for 5 s: each time the lock is back well within a second.
+        deadline, cuts = time.monotonic() + 5, 0
+        while time.monotonic() < deadline:
+            cuts += len(
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name LIKE %s",
+                    (label,),
+                ).fetchall()
+            )
+            time.sleep(0.4)
+    assert cuts >= 5, cuts
+    time.sleep(2)
+    assert {j["state"] for j in store.jobs.list_jobs("worker")} == {JobState.RUNNING}
