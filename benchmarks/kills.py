@@ -9,8 +9,8 @@ the pool process alone, which its main process reports; the task is then one tha
 ``task_retry_on_worker_lost`` retries at once, with no body left to run), and times
 the kill to the task's result.  A replacement worker starts before the next round.
 
-``--pause`` also SIGSTOPs a worker running a task (``--task-seconds`` long) for that
-many seconds under each preset and reports whether its task ran once.
+``--pause`` also SIGSTOPs a worker running a task (5 s longer than the pause) for that
+many seconds under each preset and reports how many tries the task took (1: not misjudged).
 
 Marker modes: ``auto`` (this process runs on the workers' host and sees their
 processes), ``lock`` (process markers erased, as a sweeper on another host sees
@@ -152,33 +152,36 @@ def serial_kills(
     }
 
 
-def pause(preset: str, store_url: str, seconds: float, markers: str, task_seconds: float) -> dict:
+def pause(preset: str, store_url: str, seconds: float, markers: str) -> dict:
+    """SIGSTOP the worker running a task for ``seconds`` (the task runs 5 s past the pause)."""
     from celery_recovery.recovery import recovery_for_app
     from tests.apps.lifecycle import create_app
 
     queue = f"bench-pause-{uuid.uuid4().hex[:8]}"
-    app = create_app(BROKER, BACKEND, queue, {"database_url": store_url, "preset": preset})
+    mode = "off" if markers == "off" else "auto"
+    settings = {"database_url": store_url, "preset": preset, "liveness_markers": mode}
+    app = create_app(BROKER, BACKEND, queue, settings)
     recovery = recovery_for_app(app)
     store = recovery.store
-    paused = start_worker("paused", queue, store_url, preset, 1, markers)
-    wait_for(lambda: _running_workers(store) >= 2, 120)
-    result = app.send_task("lifecycle.slow_first_try", (task_seconds, task_seconds))
-    wait_for(lambda: _running_try(store, result.id), 60)
-    other = start_worker("other", queue, store_url, preset, 1, markers)
+    workers = {f"p{i}": start_worker(f"p{i}", queue, store_url, preset, 1, markers) for i in (0, 1)}
     wait_for(lambda: _running_workers(store) >= 4, 120)
     if markers == "lock":
         _erase_process_markers(store)
     sweeper = Sweeper(recovery, watch=markers != "off")
     try:
         time.sleep(1.5)
+        result = app.send_task("lifecycle.slow_first_try", (seconds + 5, seconds + 5))
+        running = wait_for(lambda: _running_try(store, result.id), 60)
+        name = (store.jobs.get_job(running["job_id"])["node_name"] or "").split("@")[0]
+        paused = workers[name]
         os.killpg(paused.pid, signal.SIGSTOP)
         time.sleep(seconds)
         os.killpg(paused.pid, signal.SIGCONT)
-        result.get(timeout=task_seconds + 60)
+        result.get(timeout=seconds + 120, propagate=False)
         tries = len(store.tries.history(result.id))
     finally:
         sweeper.stop()
-        for proc in (paused, other):
+        for proc in workers.values():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         recovery.close()
@@ -222,7 +225,7 @@ def main() -> None:
                 print(json.dumps(run), file=sys.stderr)
                 out["kills"].append(run)
             if args.pause:
-                run = _on_a_new_store(pause, preset, args.pause, markers, args.task_seconds)
+                run = _on_a_new_store(pause, preset, args.pause, markers)
                 print(json.dumps(run), file=sys.stderr)
                 out["pauses"].append(run)
     print(json.dumps(out, indent=2))

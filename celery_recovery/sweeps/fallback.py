@@ -86,8 +86,9 @@ class SweepFallback:
                 token,
             )
             self._active = True
-        # Between its sweeps, this process also watches the markers (sweeps/marker_watch.py).
-        start_marker_watch(self.context)
+        # Between its sweeps, this process also watches the markers (sweeps/marker_watch.py);
+        # a sweep after a death is this fallback's own, not another sweeper's coming back.
+        start_marker_watch(self.context, on_deaths=self._sweep)
         if self._sweeping is not None and self._sweeping.is_alive():
             return  # the previous pass is still running
         self._sweeping = threading.Thread(

@@ -37,6 +37,8 @@ DEFAULT_ENV = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in DEFAULT.items(
 #: heartbeat alone needs a heartbeat interval and a sweep interval: up to 10 s.  (Measured
 #: here: 0.6-0.8 s by the process marker, 1.4 s by the lock.)
 WATCH_BOUND = 3.0
+#: Seconds a worker is SIGSTOPped: long for a pause, within the default zombie threshold.
+PAUSE = 20
 
 
 @pytest.fixture
@@ -149,27 +151,29 @@ def test_a_20s_sigstop_under_the_default_preset_runs_the_task_once(
     store_url, store, make_client_app, start_worker, start_sweeper, tmp_path
 ):
     client_app = make_client_app(store_url, **DEFAULT)
-    paused = start_worker(name="paused", concurrency=1, env=DEFAULT_ENV)
+    workers = [start_worker(name=f"w{i}", concurrency=1, env=DEFAULT_ENV) for i in range(2)]
+    start_sweeper(store_url)
+    time.sleep(1.5)  # the watch has seen every marker
     ledger = tmp_path / "ledger"
-    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 4))
+    # Running through the whole pause, and past it.
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), PAUSE + 4))
     wait_for(lambda: started(store, result.id, 1), 20, what="try 1 to run")
     running = next(t for t in store.tries.history(result.id) if t["try_number"] == 1)
-    start_worker(name="other", concurrency=1, env=DEFAULT_ENV)
-    start_sweeper(store_url)
-    worker_jobs(store, 4)
-    time.sleep(1.5)  # the watch has seen every marker
+    node = store.jobs.get_job(running["job_id"])["node_name"]
+    paused = next(w for w in workers if node.startswith(f"{w.node}@"))
 
     # Its whole process group: the main process and the pool process running the task.
     os.killpg(paused.proc.pid, signal.SIGSTOP)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + PAUSE
         while time.monotonic() < deadline:
             assert store.jobs.get_job(running["job_id"])["state"] == JobState.RUNNING
+            assert not ledger_lines(ledger)[1:], "the task ran again, or ended, while paused"
             time.sleep(0.5)
     finally:
         os.killpg(paused.proc.pid, signal.SIGCONT)
 
-    assert result.get(timeout=30) == 4
+    assert result.get(timeout=30) == PAUSE + 4
     wait_for(
         lambda: (
             [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
