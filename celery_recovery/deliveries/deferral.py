@@ -28,7 +28,7 @@ from celery_recovery.core.durations import positive_seconds
 from celery_recovery.core.errors import DeferralError, StoreError
 from celery_recovery.core.patching import wrap_once
 from celery_recovery.core.states import DEFERRED_STATE
-from celery_recovery.core.thread_marks import TaskIdMark
+from celery_recovery.core.thread_marks import Ending, delivery_ending
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages.headers import RESUME_HEADER
 from celery_recovery.messages.records import record_from_request, try_number_of
@@ -43,8 +43,6 @@ logger = logging.getLogger("celery_recovery.deferral")
 
 #: Seconds before a task that could not defer (store unavailable) runs again.
 STORE_RETRY_COUNTDOWN = 10
-
-_deferred = TaskIdMark()
 
 
 class _Resumes(threading.local):
@@ -161,7 +159,7 @@ def _record_deferral(context: RecoveryContext, task: Any, trigger_row: dict[str,
             f"try {try_number_of(request)} of {task.name}[{request.id}] is {state} in the "
             "store, so it cannot be deferred"
         )
-    _deferred.task_id = request.id
+    delivery_ending.mark(request.id, Ending.DEFERRED)
     try:
         task.backend.store_result(
             request.id,
@@ -173,11 +171,6 @@ def _record_deferral(context: RecoveryContext, task: Any, trigger_row: dict[str,
         logger.warning(
             "celery-recovery: could not store %s for %s: %s", DEFERRED_STATE, request.id, exc
         )
-
-
-def was_deferred(task_id: str) -> bool:
-    """True (once) when this thread's run of ``task_id`` ended in ``defer()``."""
-    return _deferred.take(task_id)
 
 
 def resolve_method(task: Any, name: str) -> Callable[..., Any]:

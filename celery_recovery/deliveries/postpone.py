@@ -18,13 +18,11 @@ from celery.exceptions import Ignore
 
 from celery_recovery.core.errors import StoreError
 from celery_recovery.core.states import TaskState
-from celery_recovery.core.thread_marks import TaskIdMark
+from celery_recovery.core.thread_marks import Ending, delivery_ending
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages.records import try_number_of
 
 logger = logging.getLogger("celery_recovery.recoverable")
-
-_postponed = TaskIdMark()
 
 
 def postpone(recovery: Any, task: Any, countdown: float, why: str) -> NoReturn:
@@ -52,7 +50,7 @@ def postpone(recovery: Any, task: Any, countdown: float, why: str) -> NoReturn:
         runtime.health.record_failure(exc, f"postponing {request.id}")
     _forget_start(task, request)
     task.signature_from_request(request, countdown=countdown, retries=request.retries).apply_async()
-    _postponed.task_id = request.id
+    delivery_ending.mark(request.id, Ending.POSTPONED)
     raise Ignore()
 
 
@@ -70,8 +68,3 @@ def _forget_start(task: Any, request: Any) -> None:
         task.backend.store_result(request.id, None, states.PENDING, request=request)
     except Exception as exc:  # an unreachable backend must not keep the delivery running
         logger.warning("celery-recovery: could not reset %s to PENDING: %s", request.id, exc)
-
-
-def was_postponed(task_id: str) -> bool:
-    """True (once) when this thread's delivery of ``task_id`` was postponed."""
-    return _postponed.take(task_id)

@@ -53,7 +53,7 @@ from celery_recovery.core.states import (
     JobState,
     TaskState,
 )
-from celery_recovery.core.thread_marks import TaskIdMark
+from celery_recovery.core.thread_marks import Ending, delivery_ending
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages.backend_probe import finished_state
 from celery_recovery.messages.headers import (
@@ -72,7 +72,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_recovery.redundant_deliveries")
 
-_dropped = TaskIdMark()
+#: The endings in which the body was skipped.
+_DROPS = (Ending.DROPPED, Ending.FAILED_INSTEAD)
 
 
 def drop_if_redundant(
@@ -156,7 +157,7 @@ def drop_if_redundant(
 def drop_delivery(task_id: str) -> None:
     """Skip the body of the delivery of ``task_id`` this thread is starting
     (its ``before_start`` raises ``Ignore``, and the message is acknowledged)."""
-    _dropped.task_id = task_id
+    delivery_ending.mark(task_id, Ending.DROPPED)
 
 
 def _settle_owner(
@@ -185,10 +186,14 @@ def _settle_owner(
 
 
 def was_dropped(task_id: str, forget: bool = True) -> bool:
-    """True when this thread dropped the delivery of ``task_id``."""
+    """True when this thread dropped the delivery of ``task_id`` (as redundant, or
+    failed instead of run); ``forget`` clears the mark."""
+    ended = delivery_ending.peek(task_id)
+    if ended is None or ended.how not in _DROPS:
+        return False
     if forget:
-        return _dropped.take(task_id)
-    return _dropped.task_id == task_id
+        delivery_ending.take(task_id)
+    return True
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from celery_recovery.core.errors import StoreError
 from celery_recovery.core.patching import wrap_once
 from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
+from celery_recovery.core.thread_marks import Ended, Ending, delivery_ending
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deliveries.redundant_deliveries import drop_delivery
 from celery_recovery.messages.records import encode_json, try_number_of
 from celery_recovery.runtime.context import context_for_app
 
@@ -53,16 +53,6 @@ logger = logging.getLogger("celery_recovery.worker_lost")
 
 #: Where Celery leaves the try of a killed pool process: claimed, or not yet.
 _UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)
-
-
-class _Refused(threading.local):
-    #: (task id, exception) of the try this thread failed instead of running it; a
-    #: class-level default, since ``task_postrun`` reads it for every task (see
-    #: :mod:`celery_recovery.core.thread_marks`).
-    failure: tuple[str, BaseException] | None = None
-
-
-_refused = _Refused()
 
 
 class _Failing(threading.local):
@@ -265,7 +255,6 @@ def claim_counting_deaths(context: RecoveryContext, task: Any, record: dict[str,
         record["try_number"],
         reason,
     )
-    drop_delivery(request.id)
     return True
 
 
@@ -283,24 +272,24 @@ def _fail(context: RecoveryContext, task: Any, reason: str) -> bool:
     except StoreError as exc_:
         context.runtime.health.record_failure(exc_, f"failing {request.id}")
         return False
+    # The body is skipped either way; FAILURE is stored at task_postrun (so that it
+    # replaces the STARTED Celery stored before this) by the delivery that failed the try.
     if won:
-        # Stored at task_postrun, so that it replaces the STARTED Celery stored before this.
-        _refused.failure = (request.id, exc)
+        delivery_ending.mark(request.id, Ending.FAILED_INSTEAD, exc)
+    else:
+        delivery_ending.mark(request.id, Ending.DROPPED)
     return True
 
 
-def store_refused_failure(task: Any, task_id: str) -> None:
+def store_refused_failure(task: Any, ended: Ended) -> None:
     """At ``task_postrun`` of a try failed instead of run: FAILURE in the result backend."""
-    failure = _refused.failure
-    if failure is None or failure[0] != task_id:
-        return
-    _refused.failure = None
+    task_id = ended.task_id
     request = task.request
     ignored = getattr(request, "ignore_result", False) or task.ignore_result
     # As Celery stores a failure (errbacks and chord counting included).
     task.backend.mark_as_failure(
         task_id,
-        failure[1],
+        ended.error,
         request=request,
         store_result=not ignored or task.store_errors_even_if_ignored,
     )

@@ -38,10 +38,10 @@ from celery_recovery.core.errors import LostWorkerError, StoreError
 from celery_recovery.core.patching import wrap_once, wrapped_here
 from celery_recovery.core.records import Transition, WriteKind
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
+from celery_recovery.core.thread_marks import Ended, Ending, delivery_ending
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deliveries.deferral import install_resume, note_delivery, was_deferred
-from celery_recovery.deliveries.postpone import was_postponed
-from celery_recovery.deliveries.redundant_deliveries import drop_if_redundant, was_dropped
+from celery_recovery.deliveries.deferral import install_resume, note_delivery
+from celery_recovery.deliveries.redundant_deliveries import drop_if_redundant
 from celery_recovery.deliveries.time_limits import install as install_time_limits
 from celery_recovery.deliveries.time_limits import note_failure_signal, soft_limit_reason
 from celery_recovery.deliveries.worker_lost import (
@@ -327,16 +327,12 @@ def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: A
     context = _context_of(task, request)
     if context is None:
         return
-    store_refused_failure(task, task_id)
-    if was_dropped(task_id):
-        return  # a dropped delivery: the try's record belongs to the run that was not dropped
-    if was_deferred(task_id) or was_postponed(task_id):
-        _runs.started.pop(task_id, None)
-        return  # the try was already moved to deferred, or back to queued
-    if state == celery_states.REJECTED and getattr(retval, "requeue", False):
+    ended = delivery_ending.take(task_id)
+    if ended is not None:
+        _settle(task, ended)
+    elif state == celery_states.REJECTED and getattr(retval, "requeue", False):
         _requeued(context, task, task_id, "rejected with requeue=True: back in the queue")
-        return
-    if state is None and not entered and wrapped_here(type(task), "before_start"):
+    elif state is None and not entered and wrapped_here(type(task), "before_start"):
         # Celery failed before the body and its before_start (an unreachable result
         # backend refused STARTED) and acknowledges the message: the try is as unstarted
         # as a lost message.  Claimed here (with the message, when its publisher does
@@ -344,14 +340,32 @@ def _record_outcome(task_id: str | None, task: Any, state: str | None, retval: A
         runtime = context.runtime
         runtime.record_start(claim_from_request(task, utcnow(), runtime.job_id, request))
         _requeued(context, task, task_id, NEVER_RAN_REASON)
-        return
-    if state is None and entered:
+    elif state is None and entered:
         # The body was interrupted by a signal that stops this process: a hard time
         # limit or a terminating revoke, which the worker's main process records, or the
         # worker's cold shutdown, after which a sweep recovers the try.
         _runs.started.pop(task_id, None)
         _take_aside(task_id)
-        return
+    else:
+        _record_finished(context, task_id, state, request)
+
+
+def _settle(task: Any, ended: Ended) -> None:
+    """End a delivery that a mechanism ended (see :mod:`..core.thread_marks`)."""
+    match ended.how:
+        case Ending.DROPPED:
+            pass  # the try's record belongs to the delivery that was not dropped
+        case Ending.FAILED_INSTEAD:
+            store_refused_failure(task, ended)
+        case Ending.DEFERRED | Ending.POSTPONED:
+            # The try was already moved to deferred, or back to queued.
+            _runs.started.pop(ended.task_id, None)
+
+
+def _record_finished(
+    context: RecoveryContext, task_id: str, state: str | None, request: Any
+) -> None:
+    """The try's outcome, from the state Celery ended its delivery in."""
     outcome = _OUTCOMES.get(state or "")
     if outcome is None:
         outcome = (TaskState.FAILED, f"ended in state {state or 'unknown'}")
