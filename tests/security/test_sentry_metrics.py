@@ -15,7 +15,7 @@ from celery_recovery.recovery import recovery_for_app
 from celery_recovery.telemetry.metrics import definitions
 from tests.security.secret_app import SECRET
 from tests.sweeps.test_races import make_zombie
-from tests.test_sentry import CapturingTransport, capturing_sentry
+from tests.telemetry.test_sentry import CapturingTransport, capturing_sentry
 
 sentry_sdk = pytest.importorskip("sentry_sdk")
 

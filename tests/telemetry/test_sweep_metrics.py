@@ -21,9 +21,9 @@ from celery_recovery.store.schema import callbacks
 from celery_recovery.telemetry import metrics
 from celery_recovery.telemetry.metrics import definitions
 from tests.cli.helpers import add_history, add_running
-from tests.metrics.scrape import local
 from tests.sweeps.helpers import make_queued, run_concurrently
 from tests.sweeps.test_races import make_zombie
+from tests.telemetry.scrape import local
 
 ACTIONS = "celery_recovery_sweep_actions_total"
 
