@@ -19,8 +19,8 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages.records import AWAITING_PUBLISHER, claim_from_request
 from celery_recovery.runtime.health import StoreHealth
 from celery_recovery.runtime.write_behind import WriteBehindWriter
+from tests.builders import queued
 from tests.messages.test_claim_records import task_with_request
-from tests.store.test_store import queued
 
 
 def _fresh_task(task_id: str):
