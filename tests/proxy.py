@@ -11,6 +11,8 @@ import contextlib
 import socket
 import threading
 
+from tests.services import free_port
+
 
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to a target; ``cut()`` refuses and drops every connection,
@@ -18,10 +20,7 @@ class TcpProxy:
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port()
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()

@@ -16,8 +16,7 @@ from sqlalchemy import select
 from celery_recovery import TaskState
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import audit_log, task_records
-from tests.sweeps.helpers import make_queued
-from tests.sweeps.test_races import make_zombie
+from tests.builders import make_queued, make_zombie
 
 pytestmark = pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
 

@@ -55,7 +55,7 @@ def test_a_killed_workers_running_and_prefetched_tasks_run_once_elsewhere(
     client_app, store, start_worker, tmp_path, acks_late, pool
 ):
     # Concurrency 2, prefetch multiplier 4: two tasks run, two wait in the worker (one
-    # on gevent, whose full pool stops its consumer: tests/test_pools.py), and it still
+    # on gevent, whose full pool stops its consumer: tests/sweeps/test_pools.py), and it still
     # asks the broker for more: on SQS a receive is open when it is killed.
     held = 1 if pool == "gevent" else 2
     env = {"RECOVERY_TEST_PREFETCH": "4"}

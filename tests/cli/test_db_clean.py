@@ -22,7 +22,8 @@ from celery_recovery.store.schema import (
     triggers,
 )
 from celery_recovery.sweeps.retention import CLEAN_TASK
-from tests.cli.helpers import add_job, add_trigger, add_try, run
+from tests.builders import add_job, add_trigger, add_try
+from tests.cli.helpers import run
 
 DAY = 86400.0
 

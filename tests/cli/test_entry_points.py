@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from celery_recovery.cli import recovery
-from tests.cli.helpers import add_job
+from tests.builders import add_job
 from tests.workers import ROOT
 
 CELERY_RECOVERY = [sys.executable, "-m", "celery", "-A", "tests.apps.lifecycle", "recovery"]

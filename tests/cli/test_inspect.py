@@ -10,15 +10,8 @@ import pytest
 
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.locks.redis_lock import IdempotencyLocks
-from tests.cli.helpers import (
-    add_history,
-    add_job,
-    add_running,
-    add_trigger,
-    add_try,
-    run,
-    run_json,
-)
+from tests.builders import add_history, add_job, add_running, add_trigger, add_try
+from tests.cli.helpers import run, run_json
 from tests.services import BROKER_DB
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

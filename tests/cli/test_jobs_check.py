@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.cli.helpers import add_job, run
+from tests.builders import add_job
+from tests.cli.helpers import run
 from tests.conftest import FAST_SETTINGS
 from tests.workers import ROOT, wait_for
 

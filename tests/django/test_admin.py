@@ -21,10 +21,9 @@ import pytest
 import celery_recovery
 from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.recovery import recovery_for_app
-from tests.cli.helpers import add_job, add_try
+from tests.builders import add_job, add_try, make_zombie
 from tests.django import admin_app
 from tests.sweeps.helpers import running_try, sweep_until, try_started
-from tests.sweeps.test_races import make_zombie
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

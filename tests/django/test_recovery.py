@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from celery_recovery import TaskState
+from tests.builders import make_zombie
 from tests.django.conftest import APP, PROJECT
 from tests.proxy import TcpProxy
-from tests.sweeps.test_races import make_zombie
 from tests.workers import ROOT, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -213,7 +213,7 @@ def test_a_try_task_result_says_a_live_worker_started_is_adopted(
 ):
     from django_celery_results.backends import DatabaseBackend
 
-    from tests.sweeps.test_races import live_job
+    from tests.builders import live_job
 
     # A try recorded on a dead worker, which TaskResult says a live worker started:
     task_id = f"adopt-{uuid.uuid4().hex}"

@@ -11,7 +11,7 @@ from celery_recovery import recoverable
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.doctor import ExitStatus, Severity
 from celery_recovery.store import Store
-from tests.cli.helpers import add_try
+from tests.builders import add_try
 from tests.doctor.helpers import finding, ids, make_app, run
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, text
 
 from celery_recovery.doctor import ExitStatus, Severity
 from celery_recovery.store import Store
-from tests.cli.helpers import add_job
+from tests.builders import add_job
 from tests.doctor.helpers import finding, ids, make_app, run
 from tests.services import PG_ADMIN_URL
 

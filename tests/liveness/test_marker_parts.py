@@ -19,7 +19,7 @@ from celery_recovery.liveness.postgres import MarkerHolder
 from celery_recovery.liveness.process import check_process, process_marker
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import jobs
-from tests.cli.helpers import add_job
+from tests.builders import add_job
 from tests.liveness.test_markers import SLOW_THRESHOLD
 from tests.services import PG_ADMIN_URL
 from tests.sweeps.helpers import run_concurrently

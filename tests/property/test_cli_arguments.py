@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from celery_recovery.cli import recovery as cli
 from celery_recovery.store import Store
 from celery_recovery.store.schema import metadata
-from tests.cli.helpers import add_job, add_trigger, add_try
+from tests.builders import add_job, add_trigger, add_try
 from tests.property.strategies import FAST
 
 numbers = st.one_of(

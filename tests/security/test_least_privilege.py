@@ -28,10 +28,10 @@ from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing, Store
 from celery_recovery.store.engine import create_store_engine
 from celery_recovery.store.migrate import upgrade
-from tests.cli.helpers import add_job, add_try, run
+from tests.builders import add_job, add_try, make_zombie
+from tests.cli.helpers import run
 from tests.services import BROKER_DB, PG_ADMIN_URL, REDIS_URL, require
 from tests.sweeps.helpers import count
-from tests.sweeps.test_races import make_zombie
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
 

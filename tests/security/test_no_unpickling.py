@@ -18,9 +18,8 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import EncodedJSON, UnreadableJSON, callbacks, task_records
 from celery_recovery.triggers.loading import TriggerLoadError, load_trigger
+from tests.builders import make_queued, make_zombie
 from tests.security.hostile import pickle_base64, pickle_text
-from tests.sweeps.helpers import make_queued
-from tests.sweeps.test_races import make_zombie
 
 
 def plant_args(store, task_id: str, text: str) -> None:

@@ -13,9 +13,9 @@ from prometheus_client import REGISTRY, generate_latest
 
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.telemetry.metrics import definitions
+from tests.builders import make_zombie
 from tests.security.secret_app import SECRET
-from tests.sweeps.test_races import make_zombie
-from tests.test_sentry import CapturingTransport, capturing_sentry
+from tests.telemetry.test_sentry import CapturingTransport, capturing_sentry
 
 sentry_sdk = pytest.importorskip("sentry_sdk")
 

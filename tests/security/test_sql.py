@@ -18,7 +18,8 @@ import pytest
 from celery_recovery import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store.schema import metadata
-from tests.cli.helpers import add_job, add_try, run, run_json
+from tests.builders import add_job, add_try
+from tests.cli.helpers import run, run_json
 
 PACKAGE = Path(__file__).resolve().parents[2] / "celery_recovery"
 SQL_CALLS = {"execute", "executemany", "exec_driver_sql", "text"}

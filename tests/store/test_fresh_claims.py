@@ -4,7 +4,7 @@ A pool process claims a delivery published moments ago narrow and lets its
 writer add the message when the batch is taken: a try that ended for good by
 then is written without it (its publisher's record brings it), one still
 running or sent back to the queue carries it, in case its process and its
-publisher's buffered record are both lost.  The kill tests (tests/test_canvas.py)
+publisher's buffered record are both lost.  The kill tests (tests/deliveries/test_canvas.py)
 run the same path in real workers.
 """
 
@@ -19,8 +19,8 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.messages.records import AWAITING_PUBLISHER, claim_from_request
 from celery_recovery.runtime.health import StoreHealth
 from celery_recovery.runtime.write_behind import WriteBehindWriter
-from tests.store.test_store import queued
-from tests.test_claim_records import task_with_request
+from tests.builders import queued
+from tests.messages.test_claim_records import task_with_request
 
 
 def _fresh_task(task_id: str):

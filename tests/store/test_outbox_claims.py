@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from celery_recovery import JobState, JobType, TaskState
+from celery_recovery import JobState, TaskState
 from celery_recovery.core.records import OutboxedTransition, Transition
 from celery_recovery.core.timeutils import utcnow
-from tests.store.test_store import queued
+from tests.builders import job_row, queued
 
 LEASE = 130.0
 
@@ -18,19 +18,7 @@ def _callback_row(store) -> None:
 
 
 def _job(store, job_id: str, pid: int) -> None:
-    now = utcnow()
-    store.jobs.add_job(
-        {
-            "id": job_id,
-            "job_type": JobType.WORKER,
-            "hostname": "h",
-            "node_name": "w@h",
-            "pid": pid,
-            "state": JobState.RUNNING,
-            "start_date": now,
-            "latest_heartbeat": now,
-        }
-    )
+    store.jobs.add_job(job_row(job_id, utcnow(), node_name="w@h", pid=pid))
 
 
 def _claimed_by(store, holder: str) -> list[int]:

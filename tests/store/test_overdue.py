@@ -11,7 +11,7 @@ from celery_recovery.core.overdue import OverduePolicy, percentile
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import Store
-from tests.cli.helpers import add_history, add_running
+from tests.builders import add_history, add_running
 
 POLICY = OverduePolicy(factor=3.0, min_runs=20, min_seconds=60.0)
 

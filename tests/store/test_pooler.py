@@ -19,8 +19,8 @@ from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.liveness.job import uses_lock_marker
 from celery_recovery.store import Store, behind_pooler
+from tests.builders import make_queued
 from tests.conftest import through_port
-from tests.sweeps.helpers import make_queued
 
 POOLERS = ["pgbouncer_port", "pgbouncer_lenient_port"]
 

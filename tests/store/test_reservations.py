@@ -11,24 +11,14 @@ from celery_recovery.core.records import Transition
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import RESUME, Firing
 from celery_recovery.store.schema import reservations
+from tests.builders import job_row
 
 THRESHOLD = 3.0
 
 
 def add_job(store, job_id: str, heartbeat_age: float, state: JobState = JobState.RUNNING) -> None:
     beat = utcnow() - timedelta(seconds=heartbeat_age)
-    store.jobs.add_job(
-        {
-            "id": job_id,
-            "job_type": JobType.WORKER,
-            "hostname": "h",
-            "node_name": "w@h",
-            "pid": 1,
-            "state": state,
-            "start_date": beat,
-            "latest_heartbeat": beat,
-        }
-    )
+    store.jobs.add_job(job_row(job_id, beat, node_name="w@h", state=state))
 
 
 def queue_try(store, task_id: str, try_number: int = 1) -> None:

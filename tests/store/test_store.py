@@ -22,36 +22,7 @@ from celery_recovery.messages.records import (
 from celery_recovery.store import Store, precompiled
 from celery_recovery.store.migrate import VERSION_TABLE, current_revision, head_revision
 from celery_recovery.store.schema import metadata
-
-
-def queued(task_id="t1", try_number=1, **extra):
-    now = utcnow()
-    return {
-        "task_id": task_id,
-        "try_number": try_number,
-        "task_name": "proj.add",
-        "state": TaskState.QUEUED,
-        "queue": "celery",
-        "args": [1, 2],
-        "kwargs": {},
-        "queued_at": now,
-        "updated_at": now,
-        **extra,
-    }
-
-
-def running(task_id="t1", try_number=1, job_id="job-a", **extra):
-    now = utcnow()
-    return {
-        "task_id": task_id,
-        "try_number": try_number,
-        "task_name": "proj.add",
-        "state": TaskState.RUNNING,
-        "job_id": job_id,
-        "started_at": now,
-        "updated_at": now,
-        **extra,
-    }
+from tests.builders import queued, running
 
 
 def test_migrations_build_exactly_the_declared_schema(store):

@@ -10,7 +10,7 @@ from celery_recovery import TaskState
 from celery_recovery.core.records import OutboxedTransition, Transition
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deliveries.worker_lost import runs_allowed
-from tests.store.test_store import queued, running
+from tests.builders import queued, running
 
 
 def test_a_claim_that_finds_its_try_still_running_counts_one_death(store):

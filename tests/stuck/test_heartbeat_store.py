@@ -13,7 +13,8 @@ from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import EncodedJSON
 from celery_recovery.store.schema import task_heartbeats
-from tests.cli.helpers import add_job, add_try, run, run_json
+from tests.builders import add_job, add_try
+from tests.cli.helpers import run, run_json
 from tests.sweeps.helpers import run_concurrently
 from tests.web.helpers import console_client
 

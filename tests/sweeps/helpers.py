@@ -81,41 +81,6 @@ def try_started(store, task_id: str, try_number: int) -> bool:
     )
 
 
-def make_queued(
-    store,
-    task_id: str,
-    queue: str = "unused",
-    task_name: str = "lifecycle.add",
-    try_number: int = 1,
-    at=None,
-):
-    """Record a published try of ``task_name`` that no worker has started (a lost message
-    once a sweep runs ``recovery_queued_timeout`` later), queued ``at`` (5 s ago)."""
-    from datetime import timedelta
-
-    from celery_recovery.core.timeutils import utcnow
-
-    past = at or utcnow() - timedelta(seconds=5)
-    store.tries.apply_writes(
-        [
-            (
-                "queued",
-                {
-                    "task_id": task_id,
-                    "try_number": try_number,
-                    "task_name": task_name,
-                    "state": "queued",
-                    "queue": queue,
-                    "args": [1, 2],
-                    "kwargs": {},
-                    "queued_at": past,
-                    "updated_at": past,
-                },
-            )
-        ]
-    )
-
-
 def running_try(store, task_id: str) -> dict:
     """Wait until a try of ``task_id`` is recorded running; that try."""
     from celery_recovery import TaskState

@@ -11,8 +11,8 @@ from datetime import timedelta
 from celery_recovery import TaskState
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.sweeps.callbacks import MAX_ATTEMPTS
+from tests.builders import make_zombie
 from tests.sweeps.helpers import count, ledger_lines
-from tests.sweeps.test_races import make_zombie
 from tests.workers import ROOT
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery_recovery import TaskState
 from celery_recovery.deliveries.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.recovery import recovery_for_app
-from tests.sweeps.test_races import make_zombie
+from tests.builders import make_zombie
 from tests.sweeps.test_redelivery_owner import redelivery
 
 

@@ -19,8 +19,8 @@ from celery_recovery.core.states import RETRY_RECONCILED_REASON
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import audit_log
-from tests.sweeps.helpers import make_queued, run_concurrently
-from tests.sweeps.test_races import make_zombie
+from tests.builders import make_queued, make_zombie
+from tests.sweeps.helpers import run_concurrently
 
 QUEUED_TIMEOUT = 30.0
 

@@ -8,8 +8,8 @@ from celery_recovery import TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.sweeps.runner import SWEEP_COMPLETION
+from tests.builders import make_zombie
 from tests.conftest import FAST_SETTINGS
-from tests.sweeps.test_races import make_zombie
 from tests.workers import wait_for
 
 

@@ -20,7 +20,7 @@ from celery_recovery.liveness.process import process_marker
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import jobs
 from celery_recovery.sweeps.parents import PARENT_VERDICT_GRACE
-from tests.cli.helpers import add_job, add_try
+from tests.builders import add_job, add_try
 
 pytestmark = pytest.mark.compat
 

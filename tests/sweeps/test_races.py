@@ -15,52 +15,8 @@ from celery_recovery import JobState, JobType, TaskState
 from celery_recovery.core.records import Transition
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
+from tests.builders import live_job, make_zombie
 from tests.sweeps.helpers import run_concurrently
-
-
-def make_zombie(store, task_id, job_id="deadjob", age=60.0, task_name="lifecycle.add", args=(1, 2)):
-    past = utcnow() - timedelta(seconds=age)
-    store.jobs.add_job(
-        {
-            "id": job_id,
-            "job_type": JobType.WORKER,
-            "hostname": "gone",
-            "node_name": "w@gone",
-            "pid": 4242,
-            "state": JobState.RUNNING,
-            "start_date": past,
-            "latest_heartbeat": past,
-        }
-    )
-    store.tries.apply_writes(
-        [
-            (
-                "queued",
-                {
-                    "task_id": task_id,
-                    "try_number": 1,
-                    "task_name": task_name,
-                    "state": "queued",
-                    "queue": "unused",
-                    "args": list(args),
-                    "kwargs": {},
-                    "queued_at": past,
-                    "updated_at": past,
-                },
-            )
-        ]
-    )
-    assert store.tries.mark_running(
-        {
-            "task_id": task_id,
-            "try_number": 1,
-            "task_name": task_name,
-            "state": "running",
-            "job_id": job_id,
-            "started_at": past,
-            "updated_at": past,
-        }
-    )
 
 
 @pytest.fixture
@@ -208,21 +164,6 @@ def test_zombies_are_probed_in_one_backend_round_trip(store, recovery, monkeypat
     assert calls == [5]
     assert (report.reconciled, report.republished) == (1, 4)
     assert store.tries.history(ids[3])[0]["state"] == TaskState.SUCCESS
-
-
-def live_job(store, job_id="livejob", node="w@alive", pid=777):
-    store.jobs.add_job(
-        {
-            "id": job_id,
-            "job_type": JobType.WORKER,
-            "hostname": "alive",
-            "node_name": node,
-            "pid": pid,
-            "state": JobState.RUNNING,
-            "start_date": utcnow(),
-            "latest_heartbeat": utcnow(),
-        }
-    )
 
 
 @pytest.mark.parametrize("adopter_claims", [False, True])

@@ -16,8 +16,8 @@ import pytest
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.deliveries.redundant_deliveries import drop_if_redundant, was_dropped
 from celery_recovery.recovery import recovery_for_app
+from tests.builders import make_zombie
 from tests.conftest import FAST_SETTINGS
-from tests.sweeps.test_races import make_zombie
 
 pytestmark = pytest.mark.compat
 

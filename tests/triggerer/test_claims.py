@@ -9,22 +9,13 @@ import pytest
 from celery_recovery.core.states import JobState, JobType, TaskState
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import FAILURE, RESUME, SUCCESS, Finish, Firing
+from tests.builders import job_row
 from tests.sweeps.helpers import run_concurrently
 
 
 def _job(store, job_id: str, age: float = 0.0, state: JobState = JobState.RUNNING) -> str:
     beat = utcnow() - timedelta(seconds=age)
-    store.jobs.add_job(
-        {
-            "id": job_id,
-            "job_type": JobType.TRIGGERER,
-            "hostname": "h",
-            "pid": 1,
-            "state": state,
-            "start_date": beat,
-            "latest_heartbeat": beat,
-        }
-    )
+    store.jobs.add_job(job_row(job_id, beat, job_type=JobType.TRIGGERER, state=state))
     return job_id
 
 

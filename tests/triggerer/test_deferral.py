@@ -167,8 +167,8 @@ def test_bad_trigger_arguments_fail_at_defer_time_and_store_nothing(
 def test_a_trigger_that_blocks_the_loop_is_reported(
     client_app, store, start_worker, start_triggerer, tmp_path
 ):
-    from tests.metrics.scrape import scrape, value
     from tests.services import free_port
+    from tests.telemetry.scrape import scrape, value
 
     start_worker(concurrency=1)
     port = free_port()

@@ -16,9 +16,8 @@ import redis
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.locks.redis_lock import IdempotencyLocks
 from celery_recovery.recovery import recovery_for_app
-from tests.cli.helpers import add_history, add_job, add_running, add_trigger, add_try
+from tests.builders import add_history, add_job, add_running, add_trigger, add_try, make_zombie
 from tests.services import BROKER_DB
-from tests.sweeps.test_races import make_zombie
 from tests.web.helpers import console_client
 
 

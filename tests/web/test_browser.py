@@ -17,7 +17,7 @@ from selenium.webdriver.common.by import By
 
 from celery_recovery.locks.redis_lock import IdempotencyLocks
 from celery_recovery.web.app import REFRESH_SECONDS
-from tests.cli.helpers import add_trigger, add_try
+from tests.builders import add_trigger, add_try
 from tests.conftest import FAST_SETTINGS, app_env
 from tests.services import BROKER_DB
 from tests.sweeps.helpers import running_try, sweep_until, try_started

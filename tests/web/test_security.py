@@ -11,7 +11,8 @@ from celery_recovery.core.errors import ConfigurationError
 from celery_recovery.core.settings import RecoverySettings
 from celery_recovery.store import Store
 from celery_recovery.web.app import create_app, secured
-from tests.cli.helpers import add_try, run
+from tests.builders import add_try
+from tests.cli.helpers import run
 from tests.web.helpers import console_client
 
 TOKEN = "a-long-enough-console-token"

@@ -18,8 +18,7 @@ from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.sweeps.tasks import SWEEP_TASK
 from celery_recovery.telemetry import sentry as recovery_sentry
-from tests.sweeps.helpers import make_queued
-from tests.sweeps.test_races import make_zombie
+from tests.builders import make_queued, make_zombie
 
 sentry_sdk = pytest.importorskip("sentry_sdk")
 from sentry_sdk.transport import Transport  # noqa: E402

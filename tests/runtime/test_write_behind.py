@@ -1,7 +1,7 @@
 """Unit tests of the write-behind buffer's pure logic (a fake store stands in for the database).
 
 The real-store behaviour (outage, return, bounded warnings) is covered by
-tests/test_store_outage.py with real workers and PostgreSQL.
+tests/runtime/test_store_outage.py with real workers and PostgreSQL.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import pytest
 from celery_recovery import TaskState
 from celery_recovery.recovery import recovery_for_app
 from tests.conftest import FAST_SETTINGS, app_env
-from tests.metrics.scrape import scrape, value
 from tests.services import free_port
+from tests.telemetry.scrape import scrape, value
 from tests.workers import ROOT, wait_for
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 
 Tasks run through Celery's own tracer in this process, as a pool process runs
 them (without a broker), with the store on SQLite; the worker-process side
-(tasks registered after the app was finalized) is in tests/test_finalized_app.py.
+(tasks registered after the app was finalized) is in tests/signals/test_finalized_app.py.
 """
 
 from __future__ import annotations

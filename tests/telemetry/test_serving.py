@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from celery_recovery import ConfigurationError, RecoverySettings
 from celery_recovery.cli import recovery
 from celery_recovery.telemetry import metrics
-from tests.metrics.scrape import scrape, value
 from tests.services import free_port
+from tests.telemetry.scrape import scrape, value
 from tests.workers import wait_for
 
 

@@ -13,17 +13,16 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import insert
 
-from celery_recovery import JobState, JobType
+from celery_recovery import JobType
 from celery_recovery.core.timeutils import utcnow
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.runtime.health import StoreHealth
 from celery_recovery.store.schema import callbacks
 from celery_recovery.telemetry import metrics
 from celery_recovery.telemetry.metrics import definitions
-from tests.cli.helpers import add_history, add_running
-from tests.metrics.scrape import local
-from tests.sweeps.helpers import make_queued, run_concurrently
-from tests.sweeps.test_races import make_zombie
+from tests.builders import add_history, add_running, job_row, make_queued, make_zombie
+from tests.sweeps.helpers import run_concurrently
+from tests.telemetry.scrape import local
 
 ACTIONS = "celery_recovery_sweep_actions_total"
 
@@ -75,17 +74,7 @@ def test_gauges_show_live_jobs_stalest_heartbeat_and_pending_callbacks(store, re
     now = utcnow()
     for job_id, job_type, age in (("w1", JobType.WORKER, 1.0), ("w2", JobType.WORKER, 2.0)):
         beat_at = now - timedelta(seconds=age)
-        store.jobs.add_job(
-            {
-                "id": job_id,
-                "job_type": job_type,
-                "hostname": "h",
-                "pid": 1,
-                "state": JobState.RUNNING,
-                "start_date": beat_at,
-                "latest_heartbeat": beat_at,
-            }
-        )
+        store.jobs.add_job(job_row(job_id, beat_at, job_type=job_type))
     # A callback another sweep has claimed (and is still delivering) stays pending.
     with store.transaction() as conn:
         conn.execute(
