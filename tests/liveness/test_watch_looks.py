@@ -19,7 +19,7 @@ from celery_recovery.liveness.process import process_marker
 from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import jobs
 from celery_recovery.sweeps.marker_watch import MarkerWatch
-from tests.cli.helpers import add_job
+from tests.builders import add_job
 
 pytestmark = pytest.mark.compat
 
