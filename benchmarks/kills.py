@@ -54,7 +54,8 @@ class Sweeper:
         self.recovery = recovery
         self.woken = threading.Event()
         self.stopped = threading.Event()
-        if watch:
+        # A checkout from before the watch (``--baseline`` runs) has no watch_markers.
+        if watch and hasattr(recovery, "watch_markers"):
             recovery.watch_markers(on_deaths=self.woken.set)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
