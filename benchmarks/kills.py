@@ -219,7 +219,7 @@ def main() -> None:
     out: dict = {"kills": [], "pauses": []}
     for preset in args.presets.split(","):
         for markers in args.markers.split(","):
-            for target in args.targets.split(","):
+            for target in args.targets.split(",") if args.kills else ():
                 run = _on_a_new_store(
                     serial_kills, preset, args.kills, target, markers, args.task_seconds
                 )
