@@ -18,6 +18,7 @@ them: the advisory lock alone), ``off`` (heartbeats alone).
 
     python benchmarks/kills.py --kills 20 --presets default,kubernetes,aggressive
     python benchmarks/kills.py --kills 20 --presets default --markers lock --pause 20
+    python benchmarks/kills.py --kills 20 --presets default --targets worker --pgbouncer
 """
 
 from __future__ import annotations
@@ -199,10 +200,17 @@ def _running_try(store, task_id: str):
     )
 
 
-def _on_a_new_store(run, *args):
+def _on_a_new_store(run, pooler: int | None, *args):
+    """``run(preset, url, ...)`` on a new database, reached through PgBouncer's ``pooler``
+    port when given (the store then holds no advisory lock: process markers only)."""
+    from sqlalchemy.engine import make_url
+
     name = create_database()
     try:
-        return run(*args[:1], PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", *args[1:])
+        url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+        if pooler is not None:
+            url = make_url(url).set(port=pooler).render_as_string(hide_password=False)
+        return {**run(*args[:1], url, *args[1:]), "behind_pgbouncer": pooler is not None}
     finally:
         drop_database(name)
 
@@ -215,21 +223,38 @@ def main() -> None:
     parser.add_argument("--markers", default="auto", help="auto, lock, off")
     parser.add_argument("--task-seconds", type=float, default=4.0)
     parser.add_argument("--pause", type=float, default=0, help="SIGSTOP seconds (0: none)")
+    parser.add_argument(
+        "--pgbouncer", action="store_true", help="the store behind PgBouncer (transaction mode)"
+    )
     args = parser.parse_args()
     out: dict = {"kills": [], "pauses": []}
+    pooler, stop_pooler = None, None
+    if args.pgbouncer:
+        from tests.services import PGBOUNCER_STOCK, start_pgbouncer
+
+        folder = tempfile.mkdtemp(prefix="celery-recovery-bench-pgbouncer-")
+        pooler, stop_pooler = start_pgbouncer(folder, PGBOUNCER_STOCK)
+    try:
+        _measure(args, pooler, out)
+    finally:
+        if stop_pooler is not None:
+            stop_pooler()
+    print(json.dumps(out, indent=2))
+
+
+def _measure(args: argparse.Namespace, pooler: int | None, out: dict) -> None:
     for preset in args.presets.split(","):
         for markers in args.markers.split(","):
             for target in args.targets.split(",") if args.kills else ():
                 run = _on_a_new_store(
-                    serial_kills, preset, args.kills, target, markers, args.task_seconds
+                    serial_kills, pooler, preset, args.kills, target, markers, args.task_seconds
                 )
                 print(json.dumps(run), file=sys.stderr)
                 out["kills"].append(run)
             if args.pause:
-                run = _on_a_new_store(pause, preset, args.pause, markers)
+                run = _on_a_new_store(pause, pooler, preset, args.pause, markers)
                 print(json.dumps(run), file=sys.stderr)
                 out["pauses"].append(run)
-    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
