@@ -28,10 +28,9 @@ from celery_recovery.store.batches import (
 )
 from celery_recovery.store.database import Database
 from celery_recovery.store.precompiled import PrecompiledBatch
-from celery_recovery.store.repository import rows_of
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.reservations import ReservationRepository
 from celery_recovery.store.schema import TRY_KEY, callbacks, reservations, task_records
-from celery_recovery.store.try_recovery import TryRecovery
 
 #: States a delivery may move to ``running`` from: a fresh message, or a
 #: redelivery of a try whose earlier delivery was already running.
@@ -77,8 +76,12 @@ MESSAGE_COLUMNS = (
 PUBLISHER_COLUMNS = (*MESSAGE_COLUMNS, "eta", "queued_at")
 
 
-class TryRepository(TryRecovery):
-    """Task tries: queued, claimed, changed by compare-and-set, written in batches."""
+class TryRepository(Repository):
+    """Task tries: queued, claimed, changed by compare-and-set, written in batches.
+
+    What the sweeps read and change of tries is ``store.try_recovery``
+    (:class:`~celery_recovery.store.try_recovery.TryRecovery`).
+    """
 
     def __init__(self, db: Database, reservations: ReservationRepository) -> None:
         super().__init__(db)

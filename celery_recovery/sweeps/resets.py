@@ -48,7 +48,7 @@ def take_backend_outcome(
     if outcome is None:
         return None
     reason = f"reconciled: the result backend reports {seen.state} ({why})"
-    if ctx.store.tries.reconcile_try(
+    if ctx.store.try_recovery.reconcile_try(
         record["task_id"],
         record["try_number"],
         expected_state,
@@ -141,7 +141,7 @@ def reset(
             _ACTION[new_state], cause or _cause(expected_state, record), record, reason
         ),
     )
-    won, inserted = ctx.store.tries.apply_reset(plan, ctx.now)
+    won, inserted = ctx.store.try_recovery.apply_reset(plan, ctx.now)
     if not won:
         ctx.report.races_lost += 1
         logger.debug("celery-recovery: try %s/%s changed meanwhile", plan.task_id, try_number)
