@@ -61,7 +61,9 @@ def zombies(ctx: click.Context, as_json: bool, limit: int) -> None:
     now = utcnow()
     with store_of(ctx) as (store, settings):
         silent_after = SILENT_HEARTBEATS * settings.heartbeat_interval
-        found = store.tries.find_zombies(now, min(silent_after, settings.zombie_threshold), limit)
+        found = store.try_recovery.find_zombies(
+            now, min(silent_after, settings.zombie_threshold), limit
+        )
     rows = [_zombie_row(r, now, settings.zombie_threshold) for r in found]
     columns = [
         Column("TASK ID", "task_id"),
@@ -95,7 +97,7 @@ SILENT_HEARTBEATS = 2
 
 def _zombie_row(r: ZombieRow, now: datetime, threshold: float) -> dict[str, Any]:
     """One row of `inspect zombies`: a zombie, or a silent worker's try with the seconds
-    left before the sweep's own test (store.tries.find_zombies) calls it one."""
+    left before the sweep's own test (store.try_recovery.find_zombies) calls it one."""
     age = age_seconds(now, r["job_heartbeat"])
     judged_in: float | None = None
     if r["adopted_until"] is None:

@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any, TypedDict
 
 from celery_recovery.core.audit import Decision
+from celery_recovery.core.outbox import OutboxRow
 from celery_recovery.core.states import TaskState
 
 #: Check-in of a finished sweep, clean or not, with its report: someone is watching (the
@@ -94,16 +95,6 @@ class SweepOutcome(StrEnum):
     LOST_RACE = "lost race"
 
 
-class CallbackStep(StrEnum):
-    """A step of a failure callback that its outbox row may say was already taken
-    (``payload["done"]``), so that delivery does not take it twice."""
-
-    RESULT_BACKEND = "result backend"
-    FAILURE_SIGNAL = "task_failure signal"
-    ON_FAILURE = "on_failure"
-    ON_RETRY = "on_retry"
-
-
 @dataclass(frozen=True)
 class Transition:
     """One compare-and-set on a task try, as queued by the write-behind writer.
@@ -154,7 +145,7 @@ class OutboxedTransition:
     (the outbox): the row exists if and only if the transition won."""
 
     transition: Transition
-    callback: dict[str, Any]
+    callback: OutboxRow
 
 
 @dataclass(frozen=True)
@@ -168,7 +159,7 @@ class ResetPlan:
     new_state: TaskState
     reason: str
     next_record: dict[str, Any] | None = None
-    callback: dict[str, Any] | None = None
+    callback: OutboxRow | None = None
     dead_job_id: str | None = None
     #: The audit row, written only when the reset wins.
     audit: Decision | None = None

@@ -93,7 +93,7 @@ def drop_if_redundant(
     # This process may have just finished the try, with its outcome still buffered.
     runtime.writer.flush(timeout=2.0)
     try:
-        view = context.store.tries.delivery_view(task_id, try_number)
+        view = context.store.try_recovery.delivery_view(task_id, try_number)
     except StoreError as exc:
         # Availability over certainty: without the store the delivery runs.
         runtime.health.record_failure(exc, f"checking a redelivery of {task_id}")
@@ -122,7 +122,7 @@ def drop_if_redundant(
         )
         audit = retry_never_sent(task.name, task_id, try_number, reason, view)
         try:
-            runtime.store.tries.reopen_retry_never_sent(
+            runtime.store.try_recovery.reopen_retry_never_sent(
                 task_id, try_number, reason, utcnow(), audit
             )
         except StoreError as exc:
@@ -175,14 +175,14 @@ def _settle_owner(
     deadline = time.monotonic() + fresh + context.settings.heartbeat_interval
     while time.monotonic() < deadline:
         time.sleep(context.settings.heartbeat_interval / 4)
-        now_view = context.store.tries.delivery_view(task_id, try_number)
+        now_view = context.store.try_recovery.delivery_view(task_id, try_number)
         heartbeat = now_view["job_heartbeat"]
         changed = (now_view["state"], now_view["job_id"]) != (view["state"], view["job_id"])
         if changed or heartbeat != seen:
             return now_view  # it moved on, or its owner beat again: alive
         if heartbeat is None or utcnow() - heartbeat >= timedelta(seconds=fresh):
             return now_view  # no beat for two intervals: the owner is dead
-    return context.store.tries.delivery_view(task_id, try_number)
+    return context.store.try_recovery.delivery_view(task_id, try_number)
 
 
 def was_dropped(task_id: str, forget: bool = True) -> bool:

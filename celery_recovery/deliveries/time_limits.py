@@ -30,11 +30,12 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
+from celery_recovery.core.outbox import CallbackStep
 from celery_recovery.core.patching import wrap_once
-from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
+from celery_recovery.core.records import OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.timeutils import utcnow
-from celery_recovery.deliveries.worker_lost import callback_row
+from celery_recovery.deliveries.worker_lost import worker_callback_row
 from celery_recovery.messages.records import try_number_of
 from celery_recovery.runtime.context import RecoveryContext, context_for_app
 
@@ -137,7 +138,7 @@ def _record_hard_limit(
         done.append(CallbackStep.FAILURE_SIGNAL)
     if hooks_called:  # 5.7: on_failure, then task_failure, within on_timeout
         done.append(CallbackStep.ON_FAILURE)
-    callback = callback_row(
+    callback = worker_callback_row(
         request.task_name,
         context_,
         "failure",

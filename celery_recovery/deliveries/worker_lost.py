@@ -32,14 +32,22 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 
 from celery_recovery.core.errors import StoreError
+from celery_recovery.core.outbox import (
+    CallbackKind,
+    CallbackPayload,
+    CallbackStep,
+    OutboxRow,
+    callback_row,
+)
 from celery_recovery.core.patching import wrap_once
-from celery_recovery.core.records import CallbackStep, OutboxedTransition, Transition, WriteKind
+from celery_recovery.core.records import OutboxedTransition, Transition, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.core.thread_marks import Ended, Ending, delivery_ending
 from celery_recovery.core.timeutils import utcnow
@@ -147,7 +155,7 @@ def record_lost_process(
     )
     # Celery stored the outcome (as the result settings say) and sent the signal.
     done: list[str] = [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL]
-    callback = callback_row(
+    callback = worker_callback_row(
         task.name, request, "failure", reason, WorkerLostError.__name__, args, kwargs, done, now
     )
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
@@ -304,41 +312,42 @@ def _ending(
 
 
 def _callback_row(
-    task: Any, kind: str, reason: str, args: Any, kwargs: Any, done: list[str], now: Any
-) -> dict[str, Any]:
-    return callback_row(
+    task: Any,
+    kind: CallbackKind,
+    reason: str,
+    args: Any,
+    kwargs: Any,
+    done: list[str],
+    now: datetime,
+) -> OutboxRow:
+    return worker_callback_row(
         task.name, task.request, kind, reason, WorkerLostError.__name__, args, kwargs, done, now
     )
 
 
-def callback_row(
+def worker_callback_row(
     task_name: str,
     request: Any,
-    kind: str,
+    kind: CallbackKind,
     reason: str,
     exception: str,
     args: Any,
     kwargs: Any,
     done: list[str],
-    now: Any,
-) -> dict[str, Any]:
+    now: datetime,
+) -> OutboxRow:
     """The outbox row of a try the worker's main process ended: ``done`` names what Celery
     already did of the callbacks, so that delivery does the rest once."""
-    return {
-        "task_id": request.id,
-        "try_number": try_number_of(request),
-        "kind": kind,
-        "payload": {
-            "task_name": task_name,
-            "reason": reason,
-            "exception": exception,
-            "args": _json_or(list(args or ()), []),
-            "kwargs": _json_or(dict(kwargs or {}), {}),
-            "hostname": getattr(request, "hostname", None),
-            "done": done,
-        },
-        "created_at": now,
-    }
+    payload = CallbackPayload(
+        task_name=task_name,
+        reason=reason,
+        exception=exception,
+        args=_json_or(list(args or ()), []),
+        kwargs=_json_or(dict(kwargs or {}), {}),
+        hostname=getattr(request, "hostname", None),
+        done=tuple(done),
+    )
+    return callback_row(request.id, try_number_of(request), kind, payload, now)
 
 
 def _json_or(value: Any, empty: Any) -> Any:

@@ -19,7 +19,7 @@ messages it takes back to back).  Everything else (a publisher's ``queued`` rows
 outcomes, audit rows) may wait :data:`FLUSH_INTERVAL`, so that batches grow
 and commits get rarer.  An outcome that finds its try's claim still waiting
 here is folded into it (one row write, and the claim is no longer urgent), as
-:func:`celery_recovery.store.tries._coalesce` would do at write time.
+:func:`celery_recovery.store.batches.coalesce` would do at write time.
 
 A write may be built (:meth:`WriteBehindWriter.submit_built`): the caller
 hands over what it captured, and the flusher thread builds the record when

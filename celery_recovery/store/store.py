@@ -1,7 +1,8 @@
 """The metadata store: one database and the repositories that read and change it.
 
-``store.jobs``, ``store.tries``, ``store.triggers``, ``store.outbox`` and
-``store.leases`` are the main repositories; the smaller ones each keep one
+``store.jobs``, ``store.tries`` (with ``store.try_recovery``, what the sweeps read
+and change of tries), ``store.triggers``, ``store.outbox`` and ``store.leases`` are
+the main repositories; the smaller ones each keep one
 table (reservations, revocations, publish-once claims, check-ins, liveness
 markers of jobs, retention, beat schedules, overdue tries).  Every repository method is one short
 transaction of its own; no caller code runs while one is open.
@@ -31,6 +32,7 @@ from celery_recovery.store.revocations import RevocationRepository
 from celery_recovery.store.task_heartbeats import TaskHeartbeatRepository
 from celery_recovery.store.tries import TryRepository
 from celery_recovery.store.triggers import TriggerRepository
+from celery_recovery.store.try_recovery import TryRecovery
 
 
 class Store:
@@ -42,6 +44,7 @@ class Store:
         self.liveness = LivenessRepository(self.db)
         self.reservations = ReservationRepository(self.db)
         self.tries = TryRepository(self.db, self.reservations)
+        self.try_recovery = TryRecovery(self.db)
         self.revocations = RevocationRepository(self.db)
         self.triggers = TriggerRepository(self.db)
         self.outbox = OutboxRepository(self.db)

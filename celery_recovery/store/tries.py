@@ -9,10 +9,8 @@ reports whether it won; losing is normal and never raises.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from itertools import groupby
-from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, delete, or_, select, update
@@ -21,12 +19,18 @@ from sqlalchemy.engine import Connection
 from celery_recovery.core.records import OutboxedTransition, Transition, TryRow, WriteKind
 from celery_recovery.core.states import TaskState
 from celery_recovery.store.audit import append_decisions
+from celery_recovery.store.batches import (
+    coalesce,
+    one_statement,
+    runs,
+    transition_groups,
+    uniform,
+)
 from celery_recovery.store.database import Database
 from celery_recovery.store.precompiled import PrecompiledBatch
-from celery_recovery.store.repository import rows_of
+from celery_recovery.store.repository import Repository, rows_of
 from celery_recovery.store.reservations import ReservationRepository
 from celery_recovery.store.schema import TRY_KEY, callbacks, reservations, task_records
-from celery_recovery.store.try_recovery import TryRecovery
 
 #: States a delivery may move to ``running`` from: a fresh message, or a
 #: redelivery of a try whose earlier delivery was already running.
@@ -72,8 +76,12 @@ MESSAGE_COLUMNS = (
 PUBLISHER_COLUMNS = (*MESSAGE_COLUMNS, "eta", "queued_at")
 
 
-class TryRepository(TryRecovery):
-    """Task tries: queued, claimed, changed by compare-and-set, written in batches."""
+class TryRepository(Repository):
+    """Task tries: queued, claimed, changed by compare-and-set, written in batches.
+
+    What the sweeps read and change of tries is ``store.try_recovery``
+    (:class:`~celery_recovery.store.try_recovery.TryRecovery`).
+    """
 
     def __init__(self, db: Database, reservations: ReservationRepository) -> None:
         super().__init__(db)
@@ -100,7 +108,7 @@ class TryRepository(TryRecovery):
             "claim_counting", lambda: self._build_upsert_running().returning(task_records.c.deaths)
         )
         with self.single_statement() as conn:
-            row = conn.execute(stmt, _uniform([record], _CLAIM_VALUES)[0]).first()
+            row = conn.execute(stmt, uniform([record], _CLAIM_VALUES)[0]).first()
         return None if row is None else int(row[0])
 
     def apply_outboxed(self, items: Sequence[OutboxedTransition]) -> int:
@@ -179,15 +187,15 @@ class TryRepository(TryRecovery):
         # that a PostgreSQL crash then loses would be lost for good (records left
         # ``queued`` or missing; tests/faults/test_postgres.py, ``-m immediate``).
         # One flush per batch, in the writer thread, stays off the task's path.
-        writes = _coalesce(writes)
+        writes = coalesce(writes)
         ordered = [w for w in writes if w[0] != WriteKind.RESERVED]
         ordered += [w for w in writes if w[0] == WriteKind.RESERVED]
-        runs = list(_runs(ordered))
+        batch = list(runs(ordered))
         # A batch that is one statement (a publisher's queued rows, a pool process's
         # claims) needs no BEGIN and COMMIT of its own: two round trips fewer.
-        connect = self.single_statement if _one_statement(runs) else self.transaction
+        connect = self.single_statement if one_statement(batch) else self.transaction
         with connect() as conn:
-            for kind, items in runs:
+            for kind, items in batch:
                 appliers[kind](conn, items)
 
     def _insert_queued(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
@@ -195,7 +203,7 @@ class TryRepository(TryRecovery):
             "queued_batch",
             lambda: PrecompiledBatch(self._build_insert_queued(), task_records, TRY_KEY),
         )
-        batch.execute(conn, _uniform(records), owned=True)
+        batch.execute(conn, uniform(records), owned=True)
 
     def _build_insert_queued(self) -> Any:
         insert = self._insert(task_records)
@@ -211,14 +219,14 @@ class TryRepository(TryRecovery):
             "running", lambda: self._build_upsert_running().returning(task_records.c.try_number)
         )
         # rowcount is not reported for INSERT on every driver; a returned row is.
-        return conn.execute(stmt, _uniform([record], _CLAIM_VALUES)[0]).first() is not None
+        return conn.execute(stmt, uniform([record], _CLAIM_VALUES)[0]).first() is not None
 
     def _upsert_running_many(self, conn: Connection, records: Sequence[dict[str, Any]]) -> None:
         batch = self._statement(
             "running_batch",
             lambda: PrecompiledBatch(self._build_upsert_running(), task_records, TRY_KEY),
         )
-        batch.execute(conn, _uniform(records, _CLAIM_VALUES), owned=True)
+        batch.execute(conn, uniform(records, _CLAIM_VALUES), owned=True)
 
     def _build_upsert_running(self) -> Any:
         insert = self._insert(task_records)
@@ -269,7 +277,7 @@ class TryRepository(TryRecovery):
     def _apply_grouped(self, conn: Connection, changes: Sequence[Transition]) -> int:
         """Apply changes batched by shape (one executemany per run of one shape)."""
         won = 0
-        for shape, group in _group_transitions(changes):
+        for shape, group in transition_groups(changes):
             _expected, columns, any_try = shape
             stmt = self._statement(
                 ("transition", shape), functools.partial(_build_transition, *shape)
@@ -362,105 +370,6 @@ def _states(expected: TaskState | Iterable[TaskState]) -> tuple[TaskState, ...]:
     if isinstance(expected, TaskState):
         return (expected,)
     return tuple(expected)
-
-
-#: Values for columns a record leaves out, where NULL is not the right default.
-_RECORD_DEFAULTS = {"republishable": True, "publish_count": 1}
-
-
-def _uniform(
-    records: Sequence[dict[str, Any]], extra: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    """New rows for a batch's records, all with the same keys (executemany wants one
-    shape), with ``extra``'s values added.
-
-    Only the union of the batch's own keys is sent: type processing of
-    columns nobody set is the largest client-side cost of a batch.
-    """
-    extra = extra or {}
-    first = records[0].keys() if records else set()
-    if "external_executor_id" in first and all(r.keys() == first for r in records):
-        # The usual batch: records of one kind, made by one function.
-        rows = [{**record, **extra} for record in records]
-    else:
-        keys = set().union(*records) | {"external_executor_id"}
-        rows = [
-            {**{key: record.get(key, _RECORD_DEFAULTS.get(key)) for key in keys}, **extra}
-            for record in records
-        ]
-    for row in rows:
-        if row["external_executor_id"] is None:
-            row["external_executor_id"] = row["task_id"]
-    return rows
-
-
-_TransitionShape = tuple[tuple[TaskState, ...], tuple[str, ...], bool]
-
-
-def _group_transitions(
-    changes: Sequence[Transition],
-) -> Iterator[tuple[_TransitionShape, list[Transition]]]:
-    """Consecutive changes of one shape, batched; order is kept across shapes."""
-    for shape, group in groupby(changes, key=_transition_shape):
-        yield shape, list(group)
-
-
-def _transition_shape(change: Transition) -> _TransitionShape:
-    return change.expected, tuple(sorted(change.values)), change.try_number is None
-
-
-def _coalesce(writes: Sequence[tuple[WriteKind, Any]]) -> list[tuple[WriteKind, Any]]:
-    """Fold a try's outcome into its claim when both wait in the same batch.
-
-    A short task's claim and outcome usually share a flush: writing the row
-    once, already finished, halves the statements on the hot path.  The
-    claim's conditions still apply (it only lands on a claimable try).  A
-    reservation followed by the same process's claim of the try (a solo or
-    threads pool) is superseded by the claim and not written at all.
-    """
-    # Where each claim is in ``out``: a claim is copied only when an outcome folds into it.
-    claims: dict[tuple[str, int], int] = {}
-    out: list[tuple[WriteKind, Any]] = []
-    started: set[tuple[str, int]] = set()
-    if any(kind == WriteKind.RESERVED for kind, _item in writes):
-        started = {(i["task_id"], i["try_number"]) for k, i in writes if k == WriteKind.RUNNING}
-    for kind, item in writes:
-        if kind == WriteKind.RESERVED and (item[0], item[1]) in started:
-            continue
-        if kind == WriteKind.RUNNING:
-            claims[(item["task_id"], item["try_number"])] = len(out)
-            out.append((kind, item))
-            continue
-        if kind == WriteKind.TRANSITION and item.expected == (TaskState.RUNNING,):
-            index = claims.pop((item.task_id, item.try_number), None)
-            if index is not None:
-                out[index] = (WriteKind.RUNNING, {**out[index][1], **item.values})
-                continue
-        out.append((kind, item))
-    return out
-
-
-#: Kinds whose run is written as one statement when no try repeats in it
-#: (:class:`~celery_recovery.store.precompiled.PrecompiledBatch`).
-_UPSERTED = (WriteKind.QUEUED, WriteKind.RUNNING)
-
-
-def _one_statement(runs: Sequence[tuple[WriteKind, list[Any]]]) -> bool:
-    """Whether ``runs`` are written by a single statement."""
-    if len(runs) != 1:
-        return False
-    kind, items = runs[0]
-    if kind == WriteKind.RESERVED:
-        return True  # one row per try, always one statement
-    if kind not in _UPSERTED:
-        return False
-    return len(items) == 1 or len({(r["task_id"], r["try_number"]) for r in items}) == len(items)
-
-
-def _runs(writes: Sequence[tuple[WriteKind, Any]]) -> Iterator[tuple[WriteKind, list[Any]]]:
-    """Consecutive writes of one kind, batched; order is kept across kinds."""
-    for kind, run in groupby(writes, key=itemgetter(0)):
-        yield kind, [item for _kind, item in run]
 
 
 def _requeues(change: Transition) -> bool:

@@ -26,6 +26,7 @@ from sqlalchemy import bindparam, delete, insert, or_, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from celery_recovery.core.audit import Decision
+from celery_recovery.core.outbox import CallbackPayload, OutboxRow, callback_row
 from celery_recovery.core.records import TriggerRow
 from celery_recovery.core.states import TaskState
 from celery_recovery.store.audit import append_decision
@@ -369,19 +370,14 @@ class TriggerRepository(TriggerReads):
             return set(conn.execute(stmt).scalars())
 
 
-def _failure_callback(finish: Finish, record: Any, now: datetime) -> dict[str, Any]:
-    return {
-        "task_id": finish.task_id,
-        "try_number": finish.try_number,
-        "kind": "failure",
-        "payload": {
-            "task_name": record.task_name,
-            "reason": finish.error or finish.reason,
-            "exception": finish.exception,
-            "args": record.args or [],
-            "kwargs": record.kwargs or {},
-            "job_id": record.job_id,
-            "hostname": record.worker_hostname,
-        },
-        "created_at": now,
-    }
+def _failure_callback(finish: Finish, record: Any, now: datetime) -> OutboxRow:
+    payload = CallbackPayload(
+        task_name=record.task_name,
+        reason=finish.error or finish.reason,
+        exception=finish.exception,
+        args=record.args or [],
+        kwargs=record.kwargs or {},
+        job_id=record.job_id,
+        hostname=record.worker_hostname,
+    )
+    return callback_row(finish.task_id, finish.try_number, "failure", payload, now)

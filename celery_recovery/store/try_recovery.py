@@ -40,7 +40,7 @@ MISSING_JOB_GRACE = 60.0
 
 
 class TryRecovery(Repository):
-    """The sweeps' reads and compare-and-set changes of tries (part of :class:`TryRepository`)."""
+    """The sweeps' reads and compare-and-set changes of tries (``store.try_recovery``)."""
 
     def find_zombies(self, now: datetime, threshold: float, limit: int = 500) -> list[ZombieRow]:
         """Running tries whose job stopped heartbeating, ended, or never registered."""

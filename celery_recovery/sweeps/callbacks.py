@@ -8,7 +8,7 @@ open, stores a failure in the result backend (failures only; so that
 ``task_failure`` signal (failures only) and the listeners registered with
 :meth:`celery_recovery.Recovery.add_failure_listener`, each in a thread
 given ``recovery_callback_timeout`` seconds.  The row is deleted afterwards.
-A row may name steps Celery itself already took (``payload["done"]``, e.g. the
+A row may name steps Celery itself already took (``done`` in its payload, e.g. the
 result backend and the signal for a pool process Celery saw die): those are
 skipped, so each runs once.
 
@@ -35,7 +35,7 @@ from celery.signals import task_failure
 
 from celery_recovery.core.audit import AuditAction, AuditReason, Decision
 from celery_recovery.core.errors import LostWorkerError, TriggerFailedError, TriggerTimeoutError
-from celery_recovery.core.records import CallbackStep
+from celery_recovery.core.outbox import UNKNOWN_REASON, CallbackPayload, CallbackStep
 from celery_recovery.messages.result_backends import caller_request
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.telemetry import metrics
@@ -60,6 +60,8 @@ def deliver_callbacks(ctx: SweepContext) -> None:
     rows = store.outbox.claim_callbacks(ctx.now, ctx.holder, lease)
     for row in rows:
         with ctx.isolated(f"callback {row['id']} of {row['task_id']}"):
+            # None: not written by this package; nothing is run with it.
+            payload = CallbackPayload.from_json(row["payload"] or {})
             if row["attempts"] > MAX_ATTEMPTS:
                 logger.error(
                     "celery-recovery: giving up the %s callback of %s try %s after %d attempts",
@@ -68,12 +70,13 @@ def deliver_callbacks(ctx: SweepContext) -> None:
                     row["try_number"],
                     row["attempts"] - 1,
                 )
-                store.outbox.delete_callback(row["id"], ctx.holder, _audit(ctx, row, "abandoned"))
+                audit = _audit(ctx, row, payload, "abandoned")
+                store.outbox.delete_callback(row["id"], ctx.holder, audit)
                 metrics.callback_outcome(row["kind"], "abandoned")
                 continue
-            ok = _deliver(ctx, row)
+            ok = _deliver(ctx, row, payload)
             store.outbox.delete_callback(
-                row["id"], ctx.holder, _audit(ctx, row, ok and "delivered")
+                row["id"], ctx.holder, _audit(ctx, row, payload, ok and "delivered")
             )
             if ok:
                 ctx.report.callbacks_delivered += 1
@@ -82,19 +85,19 @@ def deliver_callbacks(ctx: SweepContext) -> None:
             metrics.callback_outcome(row["kind"], "delivered" if ok else "failed")
 
 
-def _audit(ctx: SweepContext, row: Mapping[str, Any], outcome: str | bool) -> Decision:
+def _audit(
+    ctx: SweepContext, row: Mapping[str, Any], payload: CallbackPayload | None, outcome: str | bool
+) -> Decision:
     """The audit row of a delivery: ``outcome`` is delivered, abandoned, or False (failed)."""
-    payload = row["payload"] if isinstance(row["payload"], dict) else {}
-    record = {**row, "task_name": payload.get("task_name"), "job_id": payload.get("job_id")}
+    task_name, job_id = (payload.task_name, payload.job_id) if payload else (None, None)
+    record = {**row, "task_name": task_name, "job_id": job_id}
     action = AuditAction(f"callback_{outcome or 'failed'}")
-    detail = f"{row['kind']} callback: {payload.get('reason') or 'worker lost'}"
+    detail = f"{row['kind']} callback: {payload.reason if payload else UNKNOWN_REASON}"
     return ctx.decision(action, AuditReason.CALLBACK_DUE, record, detail)
 
 
-def _deliver(ctx: SweepContext, row: Mapping[str, Any]) -> bool:
-    payload = row["payload"] or {}
-    if not isinstance(payload, dict):
-        # Not written by this package (not a JSON object): run nothing with it.
+def _deliver(ctx: SweepContext, row: Mapping[str, Any], payload: CallbackPayload | None) -> bool:
+    if payload is None:
         logger.error(
             "celery-recovery: the %s callback row %s of %s is not a JSON object; dropped",
             row["kind"],
@@ -103,21 +106,21 @@ def _deliver(ctx: SweepContext, row: Mapping[str, Any]) -> bool:
         )
         return False
     task_id, try_number, kind = row["task_id"], row["try_number"], row["kind"]
-    reason = payload.get("reason") or "worker lost"
-    named = _EXCEPTIONS.get(payload.get("exception") or "")
+    reason = payload.reason
+    named = _EXCEPTIONS.get(payload.exception or "")
     exc = named(reason) if named else LostWorkerError(reason, task_id, try_number)
     einfo = _einfo(exc)
-    args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
-    task = ctx.app.tasks.get(payload.get("task_name") or "")
+    args, kwargs = payload.args, payload.kwargs
+    task = ctx.app.tasks.get(payload.task_name or "")
     timeout = ctx.settings.callback_timeout
-    done = set(payload.get("done") or ())
+    done = set(payload.done)
     ok = True
     if kind == "failure" and CallbackStep.RESULT_BACKEND not in done:
         # As a worker's own failure would, the result backend learns the outcome first:
         # otherwise AsyncResult stays STARTED or PENDING and get() never returns.
         # A stored SUCCESS is never overwritten, so a late real outcome still wins.
         backend = ctx.app.backend
-        request = caller_request(task_id, payload.get("reply_route"))
+        request = caller_request(task_id, payload.reply_route)
         ok &= _run(
             "result backend", timeout, backend.mark_as_failure, task_id, exc, request=request
         )
@@ -146,7 +149,7 @@ def _deliver(ctx: SweepContext, row: Mapping[str, Any]) -> bool:
             timeout,
             listener,
             task_id=task_id,
-            task_name=payload.get("task_name"),
+            task_name=payload.task_name,
             try_number=try_number,
             kind=kind,
             exception=exc,

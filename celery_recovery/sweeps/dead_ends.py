@@ -25,7 +25,7 @@ from celery_recovery.telemetry import metrics
 
 def sweep_retries_never_sent(ctx: SweepContext) -> None:
     timeout = ctx.settings.queued_timeout
-    for record in ctx.store.tries.find_retries_never_sent(ctx.now, timeout):
+    for record in ctx.store.try_recovery.find_retries_never_sent(ctx.now, timeout):
         with ctx.isolated(f"retry never sent {record['task_id']}/{record['try_number']}"):
             ctx.report.lost_messages += 1
             next_try = int(record["try_number"]) + 1

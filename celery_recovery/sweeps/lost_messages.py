@@ -33,7 +33,9 @@ from celery_recovery.telemetry import metrics, sentry
 
 def sweep_lost_messages(ctx: SweepContext) -> None:
     settings = ctx.settings
-    lost = ctx.store.tries.find_lost(ctx.now, settings.queued_timeout, settings.zombie_threshold)
+    lost = ctx.store.try_recovery.find_lost(
+        ctx.now, settings.queued_timeout, settings.zombie_threshold
+    )
     if not lost:
         return
     revocations: list[dict[str, Any]] | None = None
@@ -105,7 +107,7 @@ def _revoke(ctx: SweepContext, record: Mapping[str, Any], why: str) -> str:
     :mod:`celery_recovery.sweeps.revocations`).
     """
     reason = f"not published again: {why}"
-    if ctx.store.tries.reconcile_try(
+    if ctx.store.try_recovery.reconcile_try(
         record["task_id"],
         record["try_number"],
         TaskState.QUEUED,

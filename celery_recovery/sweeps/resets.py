@@ -14,6 +14,7 @@ from typing import Any
 from celery import states
 
 from celery_recovery.core.audit import AuditAction, AuditReason
+from celery_recovery.core.outbox import CallbackKind, CallbackPayload, OutboxRow, callback_row
 from celery_recovery.core.records import ResetPlan, SweepOutcome
 from celery_recovery.core.states import TaskState
 from celery_recovery.messages.backend_probe import Probe
@@ -47,7 +48,7 @@ def take_backend_outcome(
     if outcome is None:
         return None
     reason = f"reconciled: the result backend reports {seen.state} ({why})"
-    if ctx.store.tries.reconcile_try(
+    if ctx.store.try_recovery.reconcile_try(
         record["task_id"],
         record["try_number"],
         expected_state,
@@ -140,7 +141,7 @@ def reset(
             _ACTION[new_state], cause or _cause(expected_state, record), record, reason
         ),
     )
-    won, inserted = ctx.store.tries.apply_reset(plan, ctx.now)
+    won, inserted = ctx.store.try_recovery.apply_reset(plan, ctx.now)
     if not won:
         ctx.report.races_lost += 1
         logger.debug("celery-recovery: try %s/%s changed meanwhile", plan.task_id, try_number)
@@ -180,29 +181,25 @@ def _cause(expected_state: TaskState, record: Mapping[str, Any]) -> AuditReason:
 
 def _callback_row(
     ctx: SweepContext, record: Mapping[str, Any], new_state: TaskState, reason: str
-) -> dict[str, Any]:
+) -> OutboxRow:
     headers = record.get("headers")
     route = (
         {k: headers[k] for k in ROUTE_KEYS if headers.get(k)}
         if isinstance(headers, Mapping)
         else {}
     )
-    return {
-        "task_id": record["task_id"],
-        "try_number": int(record["try_number"]),
-        "kind": "failure" if new_state is TaskState.FAILED else "retry",
-        "payload": {
-            "task_name": record["task_name"],
-            "reason": reason,
-            "args": _readable(record.get("args"), []),
-            "kwargs": _readable(record.get("kwargs"), {}),
-            "job_id": record.get("job_id"),
-            "hostname": record.get("job_hostname") or record.get("worker_hostname"),
-            # Where the failure reaches the caller when the backend replies to it (rpc://).
-            **({"reply_route": route} if route else {}),
-        },
-        "created_at": ctx.now,
-    }
+    payload = CallbackPayload(
+        task_name=record["task_name"],
+        reason=reason,
+        args=_readable(record.get("args"), []),
+        kwargs=_readable(record.get("kwargs"), {}),
+        job_id=record.get("job_id"),
+        hostname=record.get("job_hostname") or record.get("worker_hostname"),
+        # Where the failure reaches the caller when the backend replies to it (rpc://).
+        reply_route=route,
+    )
+    kind: CallbackKind = "failure" if new_state is TaskState.FAILED else "retry"
+    return callback_row(record["task_id"], int(record["try_number"]), kind, payload, ctx.now)
 
 
 def _readable(value: Any, empty: Any) -> Any:

@@ -33,7 +33,7 @@ logger = logging.getLogger("celery_recovery.sweep")
 def sweep_zombies(ctx: SweepContext) -> None:
     settings = ctx.settings
     store = ctx.store
-    zombies = _judged_here(ctx, store.tries.find_zombies(ctx.now, settings.zombie_threshold))
+    zombies = _judged_here(ctx, store.try_recovery.find_zombies(ctx.now, settings.zombie_threshold))
     # A worker silent in the store but answering over the broker is partitioned, not dead.
     zombies = leave_partitioned(ctx, zombies, "zombie")
     if not zombies:
@@ -79,7 +79,7 @@ def _handle(
         return taken
     if seen.state == states.RETRY and _retry_recorded(ctx, task_id, try_number):
         reason = RETRY_RECONCILED_REASON
-        if store.tries.reconcile_try(
+        if store.try_recovery.reconcile_try(
             task_id,
             try_number,
             TaskState.RUNNING,
@@ -103,7 +103,7 @@ def _handle(
             f"until {until.isoformat()}"
         )
         audit = ctx.decision(AuditAction.ADOPTED, AuditReason.WORKER_LOST, zombie, reason)
-        if store.tries.adopt_try(
+        if store.try_recovery.adopt_try(
             task_id, try_number, job_id, owner["id"], reason, ctx.now, until, audit
         ):
             ctx.report.adopted += 1

@@ -72,7 +72,7 @@ def test_every_transaction_has_its_timeouts_and_nothing_is_prepared(pooled_url):
                 }
             )
         assert [t["state"] for t in store.tries.history("t11")] == [TaskState.QUEUED]
-        assert len(store.tries.find_lost(now + timedelta(hours=1), 600, 30)) == 12
+        assert len(store.try_recovery.find_lost(now + timedelta(hours=1), 600, 30)) == 12
     finally:
         store.dispose()
 

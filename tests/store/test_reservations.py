@@ -136,7 +136,8 @@ def test_a_try_held_by_a_live_worker_is_never_lost_one_held_by_a_dead_one_is(sto
     )
     later = now + timedelta(seconds=3600)  # far past any queued timeout
     lost = {
-        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+        r["task_id"]
+        for r in store.try_recovery.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
     }
     assert lost == {"held-by-stale", "held-by-nobody"}
 
@@ -168,7 +169,8 @@ def test_a_try_sent_back_to_the_queue_is_no_longer_held_by_its_live_reserver(sto
     )
     later = now + timedelta(seconds=3600)
     lost = {
-        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+        r["task_id"]
+        for r in store.try_recovery.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
     }
     assert lost == {"postponed"}
 
@@ -217,7 +219,8 @@ def test_a_resumed_try_is_no_longer_held_by_the_live_worker_that_reserved_it_bef
     assert list(publish) == [row["id"]]
     later = now + timedelta(seconds=3600)
     lost = {
-        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+        r["task_id"]
+        for r in store.try_recovery.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
     }
     assert lost == {"deferring"}
 
@@ -266,6 +269,7 @@ def test_a_reservation_written_after_its_try_was_started_and_sent_back_does_not_
     )
     later = received + timedelta(seconds=3600)
     lost = {
-        r["task_id"] for r in store.tries.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
+        r["task_id"]
+        for r in store.try_recovery.find_lost(later, 600, live_threshold=3600 + THRESHOLD)
     }
     assert lost == {"never-ran"}

@@ -42,7 +42,7 @@ def _give_up(store, task_id: str) -> bool:
             "updated_at": now,
         },
     )
-    won, _ = store.tries.apply_reset(plan, now)
+    won, _ = store.try_recovery.apply_reset(plan, now)
     return won
 
 

@@ -15,11 +15,13 @@ def test_a_redelivery_whose_try_a_sweep_replaced_after_the_check_is_dropped(
     # Given a redelivery of a try whose worker is dead: the check finds it may run,
     recovery = recovery_for_app(client_app)
     make_zombie(store, "t1", job_id="gone", age=60.0)
-    read_before_the_sweep = recovery.store.tries.delivery_view("t1", 1)
+    read_before_the_sweep = recovery.store.try_recovery.delivery_view("t1", 1)
     # but a sweep publishes the try again before the delivery's claim lands
     # (RabbitMQ hands out a dead worker's messages while sweeps run).
     assert recovery.sweep().republished == 1
-    monkeypatch.setattr(recovery.store.tries, "delivery_view", lambda *_: read_before_the_sweep)
+    monkeypatch.setattr(
+        recovery.store.try_recovery, "delivery_view", lambda *_: read_before_the_sweep
+    )
 
     assert drop_if_redundant(recovery.context, redelivery("t1"), "t1") is True
     assert was_dropped("t1")

@@ -43,7 +43,7 @@ def test_late_success_after_the_reset_keeps_the_new_try_and_records_the_outcome(
 
 def test_success_reported_before_the_reset_wins_and_nothing_is_republished(store, recovery):
     make_zombie(store, "t1")
-    zombies = store.tries.find_zombies(utcnow(), recovery.settings.zombie_threshold)
+    zombies = store.try_recovery.find_zombies(utcnow(), recovery.settings.zombie_threshold)
     assert [z["task_id"] for z in zombies] == ["t1"]
     # The postrun write lands between the sweep's find and its reset.
     store.tries.transition("t1", 1, TaskState.RUNNING, TaskState.SUCCESS)
@@ -68,14 +68,14 @@ def test_two_sweeps_over_the_same_zombies_handle_each_once(store, recovery):
 
 def test_heartbeat_arriving_during_the_sweep_is_not_an_error(store, recovery, monkeypatch):
     make_zombie(store, "t1")
-    found = store.tries.find_zombies
+    found = store.try_recovery.find_zombies
 
     def find_then_beat(*args, **kwargs):
         rows = found(*args, **kwargs)
         store.jobs.heartbeat("deadjob", utcnow())  # the paused worker wakes up now
         return rows
 
-    monkeypatch.setattr(store.tries, "find_zombies", find_then_beat)
+    monkeypatch.setattr(store.try_recovery, "find_zombies", find_then_beat)
     monkeypatch.setattr(recovery.context, "store", store)
     report = recovery.sweep()
     assert report.errors == 0 and report.republished == 1
@@ -145,7 +145,7 @@ def test_store_errors_mid_pass_are_reported_not_raised(recovery, monkeypatch):
     def down(*args, **kwargs):
         raise StoreUnavailableError("store went away")
 
-    monkeypatch.setattr(recovery.store.tries, "find_zombies", down)
+    monkeypatch.setattr(recovery.store.try_recovery, "find_zombies", down)
     report = recovery.sweep()
     assert report.errors >= 1
 

@@ -92,7 +92,7 @@ def test_exhausted_retries_fail_the_task_and_run_on_failure_once(
     running_try(store, result.id)
     doomed.kill()
     recovery = recovery_for_app(client_app)
-    wait_for(lambda: store.tries.find_zombies(_now(), ZOMBIE), ZOMBIE + 5, what="the zombie")
+    wait_for(lambda: store.try_recovery.find_zombies(_now(), ZOMBIE), ZOMBIE + 5, what="the zombie")
 
     # Two sweeps at once, as two beats or a beat and a worker fallback would.
     reports = run_concurrently(recovery.sweep)
