@@ -15,7 +15,7 @@ from sqlalchemy import (
 
 from celery_recovery.core.records import JobRow
 from celery_recovery.core.states import JobState, JobType
-from celery_recovery.store.repository import Repository, row_of, rows_of
+from celery_recovery.store.repository import Repository, equal_where_given, row_of, rows_of
 from celery_recovery.store.schema import (
     callbacks,
     jobs,
@@ -64,11 +64,11 @@ class JobRepository(Repository):
         return row_of(row)
 
     def list_jobs(self, job_type: str | None = None, state: str | None = None) -> list[JobRow]:
-        stmt = select(jobs).order_by(jobs.c.start_date)
-        if job_type is not None:
-            stmt = stmt.where(jobs.c.job_type == job_type)
-        if state is not None:
-            stmt = stmt.where(jobs.c.state == state)
+        stmt = (
+            select(jobs)
+            .where(*equal_where_given({jobs.c.job_type: job_type, jobs.c.state: state}))
+            .order_by(jobs.c.start_date)
+        )
         with self.transaction() as conn:
             return rows_of(conn.execute(stmt))
 

@@ -42,3 +42,9 @@ def rows_of(result: Result[Any]) -> list[Any]:
 def row_of(row: RowMapping | None) -> Any:
     """One row as a plain dict, or None."""
     return dict(row) if row is not None else None
+
+
+def equal_where_given(values: dict[Any, Any]) -> list[Any]:
+    """``column == value`` for each column whose value is given (not None): a listing's
+    optional filters."""
+    return [column == value for column, value in values.items() if value is not None]

@@ -28,7 +28,7 @@ from celery_recovery.store.batches import (
 )
 from celery_recovery.store.database import Database
 from celery_recovery.store.precompiled import PrecompiledBatch
-from celery_recovery.store.repository import Repository, rows_of
+from celery_recovery.store.repository import Repository, equal_where_given, rows_of
 from celery_recovery.store.reservations import ReservationRepository
 from celery_recovery.store.schema import TRY_KEY, callbacks, reservations, task_records
 
@@ -142,11 +142,13 @@ class TryRepository(Repository):
     def list_tries(
         self, state: str | None = None, task_name: str | None = None, limit: int = 100
     ) -> list[TryRow]:
-        stmt = select(task_records).order_by(task_records.c.updated_at.desc()).limit(limit)
-        if state is not None:
-            stmt = stmt.where(task_records.c.state == state)
-        if task_name is not None:
-            stmt = stmt.where(task_records.c.task_name == task_name)
+        given = {task_records.c.state: state, task_records.c.task_name: task_name}
+        stmt = (
+            select(task_records)
+            .where(*equal_where_given(given))
+            .order_by(task_records.c.updated_at.desc())
+            .limit(limit)
+        )
         with self.transaction() as conn:
             return rows_of(conn.execute(stmt))
 

@@ -24,10 +24,9 @@ from celery_recovery.core.records import SweepOutcome, TryRow
 from celery_recovery.core.states import NEVER_RAN_REASON, TaskState
 from celery_recovery.messages.backend_probe import Probe, never_started
 from celery_recovery.sweeps.context import SweepContext
-from celery_recovery.sweeps.probed import count_reset, decide_each
-from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.probed import decide_each
+from celery_recovery.sweeps.resets import republish_unstarted, take_backend_outcome
 from celery_recovery.sweeps.revocations import revoked_because
-from celery_recovery.sweeps.untold import untold_because
 from celery_recovery.telemetry import metrics, sentry
 
 
@@ -84,20 +83,8 @@ def _handle(
     ctx.report.lost_messages += 1
     waited = int(ctx.settings.queued_timeout)
     since = _counted_from(record)
-    publish_count = int(record.get("publish_count") or 1) + 1
     lost = f"message lost: not started within {waited}s {since}"
-    untold = untold_because(ctx, record, seen)
-    if untold is not None:
-        lost = f"{lost} in the store's records; {untold}"
-    result = reset(
-        ctx,
-        record,
-        expected_state=TaskState.QUEUED,
-        why=lost,
-        count_retries=False,
-        publish_count=publish_count,
-    )
-    return count_reset(ctx, result, "lost_republished")
+    return republish_unstarted(ctx, record, seen, lost, "lost_republished")
 
 
 def _revoke(ctx: SweepContext, record: Mapping[str, Any], why: str) -> str:

@@ -20,10 +20,9 @@ from typing import Any
 from celery_recovery.core.states import TaskState
 from celery_recovery.messages.backend_probe import Probe, never_started
 from celery_recovery.sweeps.context import SweepContext
-from celery_recovery.sweeps.probed import count_reset, decide_each
-from celery_recovery.sweeps.resets import reset, take_backend_outcome
+from celery_recovery.sweeps.probed import decide_each
+from celery_recovery.sweeps.resets import republish_unstarted, take_backend_outcome
 from celery_recovery.sweeps.second_opinion import leave_partitioned
-from celery_recovery.sweeps.untold import untold_because
 from celery_recovery.telemetry import metrics
 
 
@@ -59,16 +58,6 @@ def _handle(
         return taken
     if not never_started(seen, live):
         return None  # started in a live worker: its own signals will catch up
-    untold = untold_because(ctx, record, seen)
-    if untold is not None:
-        why = f"{why} in the store's records; {untold}"
-    result = reset(
-        ctx,
-        record,
-        expected_state=TaskState.QUEUED,
-        why=why,
-        count_retries=False,
-        dead_job_id=record["reserved_by"],
-        publish_count=int(record.get("publish_count") or 1) + 1,
+    return republish_unstarted(
+        ctx, record, seen, why, "reserved_republished", dead_job_id=record["reserved_by"]
     )
-    return count_reset(ctx, result, "reserved_republished")

@@ -23,6 +23,8 @@ from celery_recovery.messages.headers import ROUTE_KEYS
 from celery_recovery.messages.republish import republish
 from celery_recovery.store import MESSAGE_COLUMNS, unreadable
 from celery_recovery.sweeps.context import SweepContext
+from celery_recovery.sweeps.probed import count_reset
+from celery_recovery.sweeps.untold import untold_because
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -205,3 +207,28 @@ def _callback_row(
 def _readable(value: Any, empty: Any) -> Any:
     """A payload for a callback row: ``empty`` when the stored one could not be decoded."""
     return empty if value is None or unreadable(value) else value
+
+
+def republish_unstarted(
+    ctx: SweepContext,
+    record: Mapping[str, Any],
+    seen: Probe,
+    why: str,
+    action: str,
+    dead_job_id: str | None = None,
+) -> str | None:
+    """Publish again a ``queued`` try that never started (a lost message, a dead worker's
+    reserved one), as the same try, its publish counted; returns what was done."""
+    untold = untold_because(ctx, record, seen)
+    if untold is not None:
+        why = f"{why} in the store's records; {untold}"
+    result = reset(
+        ctx,
+        record,
+        expected_state=TaskState.QUEUED,
+        why=why,
+        count_retries=False,
+        dead_job_id=dead_job_id,
+        publish_count=int(record.get("publish_count") or 1) + 1,
+    )
+    return count_reset(ctx, result, action)

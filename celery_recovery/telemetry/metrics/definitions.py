@@ -236,18 +236,17 @@ def _create_series() -> None:
     for kind in CALLBACK_KINDS:
         for outcome in CALLBACK_OUTCOMES:
             CALLBACKS.labels(kind, outcome)
-    for job_type in JOB_TYPES:
-        DEAD_JOBS.labels(job_type)
-    for error in STORE_ERRORS:
-        STORE_ERRORS_TOTAL.labels(error)
-    for outcome in LOCK_OUTCOMES:
-        LOCK_ACQUISITIONS.labels(outcome)
-    for kind in TRIGGER_EVENT_KINDS:
-        TRIGGER_EVENTS.labels(kind)
-    for change in BEAT_LEAD_CHANGES_KINDS:
-        BEAT_LEAD_CHANGES.labels(change)
-    for outcome in BEAT_RUN_OUTCOMES:
-        BEAT_RUNS.labels(outcome)
+    one_label = (
+        (DEAD_JOBS, JOB_TYPES),
+        (STORE_ERRORS_TOTAL, STORE_ERRORS),
+        (LOCK_ACQUISITIONS, LOCK_OUTCOMES),
+        (TRIGGER_EVENTS, TRIGGER_EVENT_KINDS),
+        (BEAT_LEAD_CHANGES, BEAT_LEAD_CHANGES_KINDS),
+        (BEAT_RUNS, BEAT_RUN_OUTCOMES),
+    )
+    for counter, values in one_label:
+        for value in values:
+            counter.labels(value)
 
 
 _create_series()
