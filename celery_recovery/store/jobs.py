@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    exists,
     func,
     or_,
     select,
@@ -14,11 +15,12 @@ from sqlalchemy import (
 )
 
 from celery_recovery.core.records import JobRow
-from celery_recovery.core.states import JobState, JobType
+from celery_recovery.core.states import JobState, JobType, TaskState
 from celery_recovery.store.repository import Repository, equal_where_given, row_of, rows_of
 from celery_recovery.store.schema import (
     callbacks,
     jobs,
+    task_records,
 )
 
 
@@ -97,11 +99,19 @@ class JobRepository(Repository):
         self, now: datetime, thresholds: dict[JobType, float], spared: Collection[str] = ()
     ) -> list[dict[str, Any]]:
         """Mark running jobs whose heartbeat is older than their type's threshold as failed,
-        but for the ids in ``spared`` (alive by another witness)."""
+        but for the ids in ``spared`` (alive by another witness).
+
+        A worker job running a try is left to the zombie step, which ends it with its
+        try: that step may be waiting for the job's live main process to record the
+        death, or have found the worker partitioned (asked about that try over the
+        broker); ending the job here would make its try a zombie of a dead job, run
+        again without asking."""
         dead: list[dict[str, Any]] = []
         with self.transaction() as conn:
             for job_type, threshold in thresholds.items():
                 where = _silent(job_type, threshold, now)
+                if job_type is JobType.WORKER:
+                    where = (*where, ~_running_a_try())
                 if spared:
                     where = (*where, jobs.c.id.not_in(list(spared)))
                 found = rows_of(conn.execute(select(jobs).where(*where)))
@@ -170,6 +180,13 @@ class JobRepository(Repository):
         with self.transaction() as conn:
             row = conn.execute(stmt).mappings().first()
         return row_of(row)
+
+
+def _running_a_try() -> Any:
+    """SQL condition: the ``jobs`` row holds a ``running`` try."""
+    return exists().where(
+        task_records.c.job_id == jobs.c.id, task_records.c.state == TaskState.RUNNING.value
+    )
 
 
 def _silent(job_type: JobType, threshold: float, now: datetime) -> tuple[Any, ...]:

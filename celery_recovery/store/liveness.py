@@ -33,7 +33,8 @@ _LOCK_VIEW = f"""
 SELECT now(), pg_postmaster_start_time(), ARRAY({_HELD_LOCKS})
 """
 
-_LOCK_HELD = text(f"SELECT CAST(:key AS bigint) IN ({_HELD_LOCKS})")
+_LOCK_HELD_SQL = f"SELECT CAST(:key AS bigint) IN ({_HELD_LOCKS})"
+_LOCK_HELD = text(_LOCK_HELD_SQL)
 
 _WATCHED_COLUMNS = (
     jobs.c.id,

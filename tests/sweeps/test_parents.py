@@ -87,6 +87,20 @@ def test_a_dead_pool_process_is_left_to_its_live_parent_which_records_it_first(w
     assert store.jobs.get_job(child)["state"] == JobState.FAILED  # the job is still judged
 
 
+def test_a_silent_pool_process_running_a_try_is_not_ended_by_the_dead_jobs_step(world):
+    # Past the zombie threshold, within the parent's grace: the zombie step waits for the
+    # parent, so the dead-jobs step must not end the job under it (its try would then be
+    # a dead job's zombie, run again without asking: seen with a worker cut off from the
+    # store, whose main process had beaten later than its pool process).
+    app, store, now, parent, child, task_id = world
+    at = now + timedelta(seconds=TIMING["zombie_threshold"] + 0.5)
+    _beat(store, parent, at)
+    report = recovery_for_app(app).sweep(now=at)
+    assert report.dead_jobs == 0, report
+    assert store.jobs.get_job(child)["state"] == JobState.RUNNING
+    assert _state(store, task_id) == [(1, TaskState.RUNNING)]
+
+
 def test_a_parent_whose_heartbeat_is_only_late_is_still_waited_for(world):
     # A loaded host: the parent's heartbeat is two and a half intervals old, short of the
     # zombie threshold, while it is about to record its pool process's death.
