@@ -240,8 +240,8 @@ class RecoverySettings:
         "auto",
         parse=parsers.liveness_markers,
         doc="Markers that find a dead process without waiting for the zombie threshold: the "
-        "marker watch of whoever sweeps (`sweep --loop`, a beat that schedules the sweep, a "
-        "worker's fallback) looks twice a second, and a process it saw holding a marker that "
+        "marker watch (in `sweep --loop`, a beat that schedules the sweep, and every "
+        "triggerer) looks twice a second, and a process it saw holding a marker that "
         "is now gone is dead at once (a lock: gone for a second, on the same server, with no "
         "heartbeat since); one whose marker is present is judged by the threshold. "
         "`auto`: a PostgreSQL advisory lock on a connection of its own (one per worker, beat "
