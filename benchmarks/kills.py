@@ -81,18 +81,7 @@ def percentile(values: list[float], share: float) -> float:
 def serial_kills(
     preset: str, store_url: str, kills: int, target: str, markers: str, task_seconds: float
 ) -> dict:
-    from celery_recovery.recovery import recovery_for_app
-    from tests.apps.lifecycle import create_app
-
-    queue = f"bench-kills-{uuid.uuid4().hex[:8]}"
-    mode = "off" if markers == "off" else "auto"
-    app = create_app(
-        BROKER,
-        BACKEND,
-        queue,
-        {"database_url": store_url, "preset": preset, "liveness_markers": mode},
-    )
-    recovery = recovery_for_app(app)
+    app, queue, recovery = _bench_app("kills", store_url, preset, markers)
     store = recovery.store
     workers = {}
 
@@ -136,11 +125,7 @@ def serial_kills(
                 add_worker()
                 wait_for(lambda: _running_workers(store) >= 2 * WORKERS, 120)
     finally:
-        sweeper.stop()
-        for proc in workers.values():
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        recovery.close()
+        _tear_down(sweeper, workers.values(), recovery)
     return {
         "preset": preset,
         "target": target,
@@ -156,14 +141,7 @@ def serial_kills(
 
 def pause(preset: str, store_url: str, seconds: float, markers: str) -> dict:
     """SIGSTOP the worker running a task for ``seconds`` (the task runs 5 s past the pause)."""
-    from celery_recovery.recovery import recovery_for_app
-    from tests.apps.lifecycle import create_app
-
-    queue = f"bench-pause-{uuid.uuid4().hex[:8]}"
-    mode = "off" if markers == "off" else "auto"
-    settings = {"database_url": store_url, "preset": preset, "liveness_markers": mode}
-    app = create_app(BROKER, BACKEND, queue, settings)
-    recovery = recovery_for_app(app)
+    app, queue, recovery = _bench_app("pause", store_url, preset, markers)
     store = recovery.store
     workers = {f"p{i}": start_worker(f"p{i}", queue, store_url, preset, 1, markers) for i in (0, 1)}
     wait_for(lambda: _running_workers(store) >= 4, 120)
@@ -182,12 +160,28 @@ def pause(preset: str, store_url: str, seconds: float, markers: str) -> dict:
         result.get(timeout=seconds + 120, propagate=False)
         tries = len(store.tries.history(result.id))
     finally:
-        sweeper.stop()
-        for proc in workers.values():
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        recovery.close()
+        _tear_down(sweeper, workers.values(), recovery)
     return {"preset": preset, "markers": markers, "sigstop_s": seconds, "tries": tries}
+
+
+def _bench_app(kind: str, store_url: str, preset: str, markers: str):
+    """The publishing app (tests/apps/lifecycle.py) on a queue of its own; its Recovery."""
+    from celery_recovery.recovery import recovery_for_app
+    from tests.apps.lifecycle import create_app
+
+    queue = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
+    mode = "off" if markers == "off" else "auto"
+    settings = {"database_url": store_url, "preset": preset, "liveness_markers": mode}
+    app = create_app(BROKER, BACKEND, queue, settings)
+    return app, queue, recovery_for_app(app)
+
+
+def _tear_down(sweeper: Sweeper, workers, recovery) -> None:
+    sweeper.stop()
+    for proc in workers:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    recovery.close()
 
 
 def _running_workers(store) -> int:

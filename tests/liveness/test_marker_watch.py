@@ -46,13 +46,13 @@ def start_sweeper(broker_urls, queue, tmp_path):
     """``celery-recovery sweep --loop`` with the default preset; stopped at teardown."""
     procs: list[subprocess.Popen] = []
 
-    def start(store_url: str) -> subprocess.Popen:
+    def start(store_url: str, timing: dict[str, str] = DEFAULT_ENV) -> subprocess.Popen:
         """Started, and one sweep done (its watch runs from before that sweep)."""
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
             **app_env(store_url, broker_urls, queue),
-            **DEFAULT_ENV,
+            **timing,
         }
         command = [sys.executable, "-m", "celery_recovery.cli", "--app", "tests.apps.lifecycle"]
         with open(tmp_path / f"sweeper{len(procs)}.log", "ab") as log:
@@ -107,24 +107,29 @@ def started(store: Store, task_id: str, try_number: int) -> bool:
     )
 
 
+@pytest.mark.parametrize("preset", ["default", "aggressive"])
 @pytest.mark.parametrize(
     "store_url, marker",
     [("sqlite", "process"), ("postgresql", "lock")],
     indirect=["store_url"],
 )
 def test_a_killed_worker_is_found_by_the_watch_within_a_second(
-    store_url, marker, store, make_client_app, start_worker, start_sweeper, tmp_path
+    store_url, marker, preset, store, make_client_app, start_worker, start_sweeper, tmp_path
 ):
-    client_app = make_client_app(store_url, **DEFAULT)
-    doomed = start_worker(name="doomed", concurrency=1, env=DEFAULT_ENV)
+    # Under the aggressive preset's 1 s sweeps and 2 s threshold the sweep's own steps
+    # judge the same death at about the same moment as the watch: still one re-run.
+    timing = preset_settings(preset)
+    env = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in timing.items()}
+    client_app = make_client_app(store_url, **timing)
+    doomed = start_worker(name="doomed", concurrency=1, env=env)
     ledger = tmp_path / "ledger"
     result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 60, 0.5))
     wait_for(lambda: started(store, result.id, 1), 20, what="try 1 to run")
     if marker == "lock":
         # As a sweeper on another host sees them: the advisory lock alone.
         forget_process_markers(store, [job["id"] for job in worker_jobs(store, 2)])
-    start_worker(name="survivor", concurrency=1, env=DEFAULT_ENV)
-    start_sweeper(store_url)
+    start_worker(name="survivor", concurrency=1, env=env)
+    start_sweeper(store_url, env)
     worker_jobs(store, 4)
     time.sleep(1.5)  # the watch's first looks: it judges only a marker it saw held
 
