@@ -240,15 +240,15 @@ class RecoverySettings:
         "auto",
         parse=parsers.liveness_markers,
         doc="Markers that find a dead process without waiting for the zombie threshold: the "
-        "marker watch (in `sweep --loop`, a beat that schedules the sweep, and every "
-        "triggerer) looks twice a second, and a process it saw holding a marker that "
-        "is now gone is dead at once (a lock: gone for a second, on the same server, with no "
-        "heartbeat since); one whose marker is present is judged by the threshold. "
-        "`auto`: a PostgreSQL advisory lock on a connection of its own (one per worker, beat "
-        "and triggerer, when the store is PostgreSQL) and the process id with its start time "
-        "(checked by a sweep on the same host). `process`: the second only. Behind a "
-        "transaction-mode pooler (see `recovery_database_pooler`) `auto` holds no lock: a "
-        "session lock cannot be held there. `off`: heartbeats alone. See "
+        "marker watch of whoever sweeps (`sweep --loop`, a beat that schedules the sweep, a "
+        "worker's fallback, every triggerer) looks twice a second, and a process it saw "
+        "holding a marker that is now gone is dead at once (a lock: gone for a second, on the"
+        " same server, with no heartbeat since); one whose marker is present is judged by the"
+        " threshold. `auto`: a PostgreSQL advisory lock on a connection of its own (one per "
+        "worker, beat and triggerer, when the store is PostgreSQL) and the process id with "
+        "its start time (checked by a sweep on the same host). `process`: the second only. "
+        "Behind a transaction-mode pooler (see `recovery_database_pooler`) `auto` holds no "
+        "lock: a session lock cannot be held there. `off`: heartbeats alone. See "
         "docs/failure-modes.md.",
     )
     beat_catch_up_window: float = seconds(

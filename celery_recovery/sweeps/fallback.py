@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from celery_recovery.core.errors import StoreError
+from celery_recovery.sweeps.marker_watch import start_marker_watch, stop_marker_watch
 from celery_recovery.sweeps.runner import CLEAN_SWEEP, run_sweep
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class SweepFallback:
         if self._active and last is not None and last != self._own_completion:
             # Someone else (beat back, or another fallback) finished a sweep.
             self._active = False
+            stop_marker_watch()
         if not self._active:
             if last is not None and (now - last).total_seconds() < allowed:
                 return
@@ -70,6 +72,8 @@ class SweepFallback:
         # Renewed every interval: a holder that died is replaced once 3 intervals pass.
         token = store.leases.acquire_lease(LEASE, self.holder, now, ttl=allowed)
         if token is None:
+            if self._active:
+                stop_marker_watch()
             self._active = False
             return
         if not self._active:
@@ -82,6 +86,9 @@ class SweepFallback:
                 token,
             )
             self._active = True
+        # Between its sweeps, this process also watches the markers (sweeps/marker_watch.py);
+        # a sweep after a death is this fallback's own, not another sweeper's coming back.
+        start_marker_watch(self.context, on_deaths=self._sweep)
         if self._sweeping is not None and self._sweeping.is_alive():
             return  # the previous pass is still running
         self._sweeping = threading.Thread(

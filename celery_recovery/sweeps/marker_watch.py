@@ -2,9 +2,9 @@
 
 The sweep looks at liveness markers once per pass and, since it cannot tell a
 dead holder from one reconnecting, also waits for a late heartbeat.  The
-watch runs beside the sweepers that run all the time (``sweep --loop``, a beat
-process that schedules the sweep, every triggerer) and looks twice a second (a
-worker's fallback sweeps at its interval without one: see docs/recovery.md):
+watch runs beside whoever sweeps (``sweep --loop``, a beat process that
+schedules the sweep, a worker's fallback while it sweeps, every triggerer)
+and looks twice a second:
 
 - at the process markers it can check (jobs on this host, in this pid
   namespace): a process that is gone died, so its job is failed at once;

@@ -54,11 +54,12 @@ def test_a_worker_cut_off_from_the_store_alone_runs_its_task_once(
     ledger = tmp_path / "ledger"
     behind = store_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
     worker = start_worker(store_url=behind, name="cut", concurrency=1)
-    start_worker(name="other", concurrency=1)  # would take a re-run
-    # (its main process and its pool process)
-    wait_for(lambda: len(store.jobs.list_jobs(JobType.WORKER)) == 4, 15, what="the jobs")
     result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), CUT_OFF + 3, 0.1))
     first = running_try(store, result.id)
+    # Started once the task runs on the cut worker, or it could have taken the task.
+    start_worker(name="other", concurrency=1)  # would take a re-run
+    # (each worker's main process and its pool process)
+    wait_for(lambda: len(store.jobs.list_jobs(JobType.WORKER)) == 4, 15, what="the jobs")
 
     # Given its store connections freeze for longer than the zombie threshold,
     proxy.freeze()
@@ -102,9 +103,10 @@ def test_a_paused_worker_that_cannot_answer_is_judged_as_before(
 ):
     ledger = tmp_path / "ledger"
     paused = start_worker(name="paused", concurrency=1)
-    start_worker(name="other", concurrency=1)
     result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 30, 0.1))
     running_try(store, result.id)
+    # Started once the task runs on the paused worker, or it could have taken the task.
+    start_worker(name="other", concurrency=1)
 
     paused.signal(signal.SIGSTOP)
     try:

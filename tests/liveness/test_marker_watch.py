@@ -20,8 +20,10 @@ import pytest
 from celery_recovery import JobState, TaskState
 from celery_recovery.beat_schedules import preset_settings
 from celery_recovery.core.errors import StoreError
+from celery_recovery.core.timeutils import utcnow
 from celery_recovery.store import Store
-from celery_recovery.sweeps.runner import SWEEP_COMPLETION
+from celery_recovery.sweeps.fallback import LEASE as FALLBACK_LEASE
+from celery_recovery.sweeps.runner import CLEAN_SWEEP, SWEEP_COMPLETION
 from tests.conftest import app_env
 from tests.liveness.test_markers import admin, forget_process_markers
 from tests.services import start_own_postgres
@@ -107,6 +109,27 @@ def started(store: Store, task_id: str, try_number: int) -> bool:
     )
 
 
+def kill_and_see_one_rerun(doomed, store: Store, result, ledger) -> None:
+    """SIGKILL ``doomed``, running try 1 of ``result`` (a 60 s ``ledger_sleep``): try 2 starts
+    elsewhere within :data:`WATCH_BOUND`, and the task runs exactly once more."""
+    doomed.kill()
+    killed = time.monotonic()
+    wait_for(lambda: started(store, result.id, 2), 30, what="try 2 to start")
+    recovered_after = time.monotonic() - killed
+
+    assert result.get(timeout=30) == 60  # what the task returns: its first try's length
+    assert recovered_after < WATCH_BOUND, recovered_after
+    wait_for(
+        lambda: (
+            [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
+            == [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)]
+        ),
+        10,
+        what="try 1 retried and try 2 succeeded, on record",
+    )
+    assert count(ledger, "start") == 2 and count(ledger, "done try=2") == 1, ledger_lines(ledger)
+
+
 @pytest.mark.parametrize("preset", ["default", "aggressive"])
 @pytest.mark.parametrize(
     "store_url, marker",
@@ -133,22 +156,50 @@ def test_a_killed_worker_is_found_by_the_watch_within_a_second(
     worker_jobs(store, 4)
     time.sleep(1.5)  # the watch's first looks: it judges only a marker it saw held
 
-    doomed.kill()
-    killed = time.monotonic()
-    wait_for(lambda: started(store, result.id, 2), 30, what="try 2 to start")
-    recovered_after = time.monotonic() - killed
+    kill_and_see_one_rerun(doomed, store, result, ledger)
 
-    assert result.get(timeout=30) == 60  # what the task returns: its first try's length
-    assert recovered_after < WATCH_BOUND, recovered_after
+
+@pytest.mark.parametrize(
+    "store_url, marker, preset",
+    [
+        ("sqlite", "process", "default"),
+        ("postgresql", "lock", "default"),
+        ("postgresql", "lock", "aggressive"),
+    ],
+    indirect=["store_url"],
+)
+def test_a_workers_fallback_watches_the_markers_while_it_sweeps(
+    store_url, marker, preset, store, make_client_app, start_worker, tmp_path
+):
+    # No beat and no sweeper: the workers' fallback sweeps, and its watch finds the death.
+    timing = preset_settings(preset)
+    env = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in timing.items()}
+    client_app = make_client_app(store_url, **timing)
+    doomed = start_worker(name="doomed", concurrency=1, env=env)
+    ledger = tmp_path / "ledger"
+    result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 60, 0.5))
+    wait_for(lambda: started(store, result.id, 1), 20, what="try 1 to run")
+    survivor = start_worker(name="survivor", concurrency=1, env=env)
+    jobs = worker_jobs(store, 4)
+    if marker == "lock":
+        forget_process_markers(store, [job["id"] for job in jobs])
+    # The fallback's lease goes to the survivor's pool process, which sweeps for a prefork
+    # worker (the first to ask for it would otherwise be the doomed worker, started first).
+    (pool,) = [
+        j for j in jobs if j["node_name"].startswith(f"{survivor.node}@") and j["parent_pid"]
+    ]
+    holder = f"{pool['node_name']}:{pool['pid']}"
+    assert store.leases.acquire_lease(FALLBACK_LEASE, holder, utcnow(), ttl=120) is not None
     wait_for(
-        lambda: (
-            [(t["try_number"], t["state"]) for t in store.tries.history(result.id)]
-            == [(1, TaskState.UP_FOR_RETRY), (2, TaskState.SUCCESS)]
-        ),
-        10,
-        what="try 1 retried and try 2 succeeded, on record",
+        lambda: store.checkins.last_completed(CLEAN_SWEEP) is not None,
+        4 * timing["sweep_interval"] + 10,
+        what="the survivor's fallback to sweep",
     )
-    assert count(ledger, "start") == 2 and count(ledger, "done try=2") == 1, ledger_lines(ledger)
+    assert store.leases.lease(FALLBACK_LEASE)["holder"] == holder
+    time.sleep(1.5)  # the watch's first looks: it judges only a marker it saw held
+
+    kill_and_see_one_rerun(doomed, store, result, ledger)
+    assert "(marker watch)" in survivor.log
 
 
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)
