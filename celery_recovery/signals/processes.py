@@ -122,17 +122,26 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
     context = context_for_app(app) if app is not None else _current()
     if context is not None:
         context.runtime.start_job(JobType.BEAT)
-        if _schedules_sweeps(context):
+        if _schedules_sweeps(context, sender):
             # This beat sends the sweeps: it also watches the markers between them, so a
             # death is swept within a second rather than at the next scheduled sweep.
             start_marker_watch(context)
 
 
-def _schedules_sweeps(context: RecoveryContext) -> bool:
+def _schedules_sweeps(context: RecoveryContext, service: Any) -> bool:
+    """Whether the app's ``beat_schedule``, or the entries of the beat's own scheduler
+    (django-celery-beat's models, with its scheduler or ours), send the sweep."""
     schedule = context.app.conf.beat_schedule or {}
-    return any(
+    if any(
         isinstance(entry, dict) and entry.get("task") == SWEEP_TASK for entry in schedule.values()
-    )
+    ):
+        return True
+    try:
+        # Celery's Service made its scheduler before sending beat_init, in this thread.
+        entries = service.scheduler.schedule.values()
+    except Exception:  # no scheduler to ask (an embedded beat's sender, a broken schedule)
+        return False
+    return any(getattr(entry, "task", None) == SWEEP_TASK for entry in entries)
 
 
 def _start_worker_job(

@@ -194,3 +194,23 @@ def close_installation(app: Any) -> None:
     installed = recovery_for_app(app)
     if installed is not None:
         installed.close()
+
+
+@pytest.fixture
+def beat_models(django_orm: Any) -> Iterator[Any]:
+    """django-celery-beat's models, emptied before and after the test."""
+    from django_celery_beat import models
+
+    def empty() -> None:
+        models.PeriodicTask.objects.all().delete()
+        for schedule in (
+            models.IntervalSchedule,
+            models.CrontabSchedule,
+            models.ClockedSchedule,
+            models.SolarSchedule,
+        ):
+            schedule.objects.all().delete()
+
+    empty()
+    yield models
+    empty()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import Any
@@ -41,26 +41,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 EDIT_EFFECT = timedelta(seconds=3)
 SECOND = timedelta(seconds=1)
 KOLKATA = ZoneInfo("Asia/Kolkata")  # UTC+05:30: its whole hours fall on UTC's half hours
-
-
-@pytest.fixture
-def beat_models(django_orm: Any) -> Iterator[Any]:
-    """django-celery-beat's models, emptied before and after the test."""
-    from django_celery_beat import models
-
-    def empty() -> None:
-        models.PeriodicTask.objects.all().delete()
-        for schedule in (
-            models.IntervalSchedule,
-            models.CrontabSchedule,
-            models.ClockedSchedule,
-            models.SolarSchedule,
-        ):
-            schedule.objects.all().delete()
-
-    empty()
-    yield models
-    empty()
 
 
 @pytest.fixture

@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-from celery_recovery import TaskState
+from celery_recovery import JobState, TaskState
+from celery_recovery.core.presets import preset_settings
+from celery_recovery.sweeps.tasks import SWEEP_TASK
 from tests.builders import make_zombie
 from tests.django.conftest import APP, PROJECT
 from tests.proxy import TcpProxy
@@ -31,6 +33,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 #: Kill to every task done again elsewhere, with the fast settings (2 s threshold, 1 s
 #: sweeps) and short re-runs, on a loaded CI machine.
 KILL_BOUND = 25.0
+#: Kill to the next try under the default preset when the marker watch finds the death:
+#: a look (0.5 s), a sweep and a worker taking the message, on a loaded machine.
+WATCH_BOUND = 3.0
+DEFAULT = preset_settings("default")
 
 
 def body_runs(task_id: str) -> int:
@@ -135,6 +141,77 @@ def test_beats_sweep_entry_recovers_a_killed_workers_task(
     # Beat's sweeps kept coming: no worker had to fall back to sweeping itself.
     (alive,) = [w for w in (doomed, survivor) if w is not running]
     assert "this worker sweeps every" not in alive.log
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    ["django_celery_beat.schedulers:DatabaseScheduler", "celery_recovery.beat:Scheduler"],
+)
+def test_a_sweep_entry_only_in_django_celery_beats_models_starts_the_marker_watch(
+    django_orm,
+    beat_models,
+    store,
+    start_django_worker,
+    start_django_process,
+    django_client_app,
+    scheduler,
+    tmp_path,
+):
+    # The default preset's timing: without the watch a death waits for a late heartbeat
+    # and the next sweep (5 to 10 s).
+    timing = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in DEFAULT.items()}
+    # Given the sweep entry as a PeriodicTask only (the project's settings have none),
+    every = beat_models.IntervalSchedule.objects.create(
+        every=int(DEFAULT["sweep_interval"]), period="seconds"
+    )
+    beat_models.PeriodicTask.objects.create(
+        name="celery-recovery-sweep", task=SWEEP_TASK, interval=every
+    )
+    # a beat on those models (django-celery-beat's scheduler, or ours reading them),
+    beat = start_django_process(
+        "beat",
+        "-S",
+        scheduler,
+        "-l",
+        "INFO",
+        "-s",
+        str(tmp_path / "schedule"),
+        name="beat",
+        CELERY_RECOVERY_BEAT_ENTRIES="django",
+        **timing,
+    )
+    # and a worker running a task, with another beside it,
+    doomed = start_django_worker("doomed", concurrency=1, **timing)
+    result = django_client_app.send_task("shop.tasks.work", args=["watched", 0.5, 60.0])
+    wait_for(lambda: body_runs(result.id) == 1, 20, what="the body to start")
+    start_django_worker("survivor", concurrency=1, **timing)
+    wait_for(
+        lambda: len(store.jobs.list_jobs("worker", JobState.RUNNING)) == 4,
+        20,
+        what="both workers' jobs",
+    )
+    wait_for(lambda: store.jobs.list_jobs("beat", JobState.RUNNING), 20, what="beat's job")
+    time.sleep(1.5)  # the watch's first looks: it judges only a marker it saw held
+
+    # when the worker is SIGKILLed,
+    doomed.kill()
+    killed = time.monotonic()
+
+    # then beat's watch finds the death and its sweep sends the task again at once.
+    wait_for(
+        lambda: any(t["try_number"] == 2 for t in store.tries.history(result.id)),
+        30,
+        what="try 2",
+    )
+    recovered_after = time.monotonic() - killed
+    assert recovered_after < WATCH_BOUND, (recovered_after, beat.log[-3000:])
+    assert "(marker watch)" in beat.log
+    wait_for(
+        lambda: (stored_result(result.id, "django-db") or {}).get("status") == "SUCCESS",
+        20,
+        what="the task's SUCCESS in django-db",
+    )
+    assert body_runs(result.id) == 2
 
 
 def running_node(store: Any, task_id: str) -> str:
