@@ -29,6 +29,7 @@ from celery_recovery.liveness.process import check_process
 from celery_recovery.sweeps.context import SweepContext
 from celery_recovery.sweeps.jobs import report_dead_job
 from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
+from celery_recovery.telemetry import metrics
 
 logger = logging.getLogger("celery_recovery.sweep")
 
@@ -36,6 +37,8 @@ logger = logging.getLogger("celery_recovery.sweep")
 #: holder reconnects within RECONNECT_DELAY of the store answering, and a sweep
 #: happens rarely more often than this.
 CONFIRM_AFTER = 2.0
+PROCESS_GONE = "its process is gone"
+LOCK_GONE = "its liveness lock is gone"
 
 
 def sweep_dead_processes(ctx: SweepContext) -> None:
@@ -69,6 +72,7 @@ def sweep_dead_processes(ctx: SweepContext) -> None:
             ):
                 ctx.report.dead_jobs += 1
                 ctx.report.marker_deaths += 1
+                metrics.marker_death("sweep", "process" if how == PROCESS_GONE else "lock")
                 report_dead_job(job, how, ctx.now)
 
 
@@ -83,7 +87,7 @@ def _judge(
     late = job["latest_heartbeat"] < late_before
     process = check_process(job["process_marker"], job["pid"])
     if process == Verdict.GONE:
-        return "its process is gone" if late else None
+        return PROCESS_GONE if late else None
     if process == Verdict.PRESENT or held is None or job["marker_lock"] is None:
         return None
     store = ctx.store
@@ -101,5 +105,5 @@ def _judge(
         seconds=ctx.settings.heartbeat_interval
     )
     if silent and ctx.now - missing_since >= confirm:
-        return "its liveness lock is gone"
+        return LOCK_GONE
     return None

@@ -36,7 +36,9 @@ from celery_recovery.liveness.absences import LockAbsences
 from celery_recovery.liveness.job import uses_lock_marker
 from celery_recovery.liveness.process import check_process, process_view
 from celery_recovery.sweeps.jobs import report_dead_job
+from celery_recovery.sweeps.liveness import LOCK_GONE, PROCESS_GONE
 from celery_recovery.sweeps.parents import awaits_parent, parents_by_process
+from celery_recovery.telemetry import metrics
 
 if TYPE_CHECKING:
     from celery_recovery.runtime.context import RecoveryContext
@@ -140,7 +142,7 @@ class MarkerWatch:
                 settings.heartbeat_interval,
             )
         ]
-        return self._fail(judged, "its process is gone", now)
+        return self._fail(judged, "process", PROCESS_GONE, now)
 
     def _look_at_locks(self, at: float) -> int:
         store = self.context.store
@@ -154,14 +156,15 @@ class MarkerWatch:
         holders = store.liveness.jobs_holding(since)
         # A process that beat after its lock vanished is alive and taking it back.
         silent = [j for j in holders if j["latest_heartbeat"] <= since[j["marker_lock"]]]
-        return self._fail(silent, "its liveness lock is gone", self.context.clock())
+        return self._fail(silent, "lock", LOCK_GONE, self.context.clock())
 
-    def _fail(self, dead: Iterable[dict[str, Any]], how: str, now: datetime) -> int:
+    def _fail(self, dead: Iterable[dict[str, Any]], marker: str, how: str, now: datetime) -> int:
         store = self.context.store
         failed = 0
         for job in dead:
             if store.liveness.fail_job_if_silent(job["id"], job["latest_heartbeat"], now):
                 failed += 1
+                metrics.marker_death("watch", marker)
                 report_dead_job(job, f"{how} (marker watch)", now)
         return failed
 

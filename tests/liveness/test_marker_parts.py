@@ -23,6 +23,7 @@ from tests.builders import add_job
 from tests.liveness.test_markers import SLOW_THRESHOLD
 from tests.services import PG_ADMIN_URL
 from tests.sweeps.helpers import run_concurrently
+from tests.telemetry.scrape import local
 from tests.workers import wait_for
 
 
@@ -137,8 +138,13 @@ def test_a_missing_lock_kills_a_job_only_once_it_missed_a_whole_beat(make_client
         conn.execute(update(jobs).where(jobs.c.id == job_id).values(marker_lock=987_654_321))
     assert store.liveness.note_marker_missing(job_id, now - timedelta(seconds=5))
 
+    found = local("celery_recovery_marker_deaths_total", found_by="sweep", marker="lock")
     recovery.sweep(now=now + timedelta(seconds=1.5))
     assert store.jobs.get_job(job_id)["state"] == JobState.RUNNING
     report = recovery.sweep(now=now + timedelta(seconds=2.5))
     assert store.jobs.get_job(job_id)["state"] == JobState.FAILED
     assert report.marker_deaths == 1
+    # Counted as a marker death found by a sweep (the watch counts its own).
+    assert local("celery_recovery_marker_deaths_total", found_by="sweep", marker="lock") == (
+        found + 1
+    )

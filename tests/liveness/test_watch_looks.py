@@ -20,6 +20,7 @@ from celery_recovery.recovery import recovery_for_app
 from celery_recovery.store.schema import jobs
 from celery_recovery.sweeps.marker_watch import MarkerWatch
 from tests.builders import add_job
+from tests.telemetry.scrape import local
 
 pytestmark = pytest.mark.compat
 
@@ -64,9 +65,13 @@ def test_a_gone_process_is_a_death_at_its_first_look_and_two_watches_fail_it_onc
     alive = marked_job(store, os.getpid(), process_marker())
     elsewhere = marked_job(store, dead_pid[0], "other-boot/pid:[1]/123")
     first, second = MarkerWatch(context), MarkerWatch(context)
+    found = local("celery_recovery_marker_deaths_total", found_by="watch", marker="process")
 
     # Both looked before either failed it; each fails it only if it is still running.
     assert first.look(at=0.0) + second.look(at=0.0) == 1
+    assert local("celery_recovery_marker_deaths_total", found_by="watch", marker="process") == (
+        found + 1
+    )
     assert state(store, dead) == JobState.FAILED
     assert state(store, alive) == JobState.RUNNING
     assert state(store, elsewhere) == JobState.RUNNING, "another host's process is unknown"
@@ -94,8 +99,12 @@ def test_a_lock_gone_for_the_confirmation_is_a_death(context, store_url):
     assert watch.look(at=0.5) == 0  # missing: not yet
     assert state(store, job) == JobState.RUNNING
     assert watch.look(at=1.0) == 0
+    found = local("celery_recovery_marker_deaths_total", found_by="watch", marker="lock")
     assert watch.look(at=1.6) == 1
     assert state(store, job) == JobState.FAILED
+    assert local("celery_recovery_marker_deaths_total", found_by="watch", marker="lock") == (
+        found + 1
+    )
 
 
 @pytest.mark.parametrize("store_url", ["postgresql"], indirect=True)

@@ -41,6 +41,9 @@ STORE_ERRORS = ("unavailable", "schema", "other")
 #: (the key completed before) did not; ``error``: Redis could not be asked.
 LOCK_OUTCOMES = ("acquired", "held", "done", "error")
 JOB_TYPES = tuple(t.value for t in JobType)
+#: Who found a death by its marker, and which marker showed it.
+MARKER_FINDERS = ("watch", "sweep")
+MARKERS = ("process", "lock")
 #: What a leading beat did with a scheduled run: ``sent`` on time, ``late`` (sent
 #: after runs were missed), ``missed`` (never sent, under the entry's catch-up policy),
 #: ``resent`` (claimed by another leader, sent again) or ``confirmed`` (claimed by
@@ -116,9 +119,15 @@ SWEEP_ERRORS = Counter(
 )
 DEAD_JOBS = Counter(
     PREFIX + "dead_jobs_total",
-    "Jobs (worker processes, beats, triggerers) a sweep marked failed because their "
-    "heartbeat stopped.",
+    "Jobs (worker processes, beats, triggerers) marked failed as dead: their liveness "
+    "marker gone (the marker watch, a sweep) or their heartbeat stopped (a sweep).",
     ["job_type"],
+)
+MARKER_DEATHS = Counter(
+    PREFIX + "marker_deaths_total",
+    "Jobs found dead by a liveness marker (their process gone, their advisory lock gone), "
+    "by what found them: the marker watch (within a second) or a sweep's marker step.",
+    ["found_by", "marker"],
 )
 CALLBACKS = Counter(
     PREFIX + "callbacks_total",
@@ -236,6 +245,9 @@ def _create_series() -> None:
     for kind in CALLBACK_KINDS:
         for outcome in CALLBACK_OUTCOMES:
             CALLBACKS.labels(kind, outcome)
+    for found_by in MARKER_FINDERS:
+        for marker in MARKERS:
+            MARKER_DEATHS.labels(found_by, marker)
     one_label = (
         (DEAD_JOBS, JOB_TYPES),
         (STORE_ERRORS_TOTAL, STORE_ERRORS),

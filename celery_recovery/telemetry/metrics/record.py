@@ -77,6 +77,12 @@ def dead_job(job_type: str) -> None:
 
 
 @quietly
+def marker_death(found_by: str, marker: str) -> None:
+    """A job found dead by ``marker`` (MARKERS), by ``found_by`` (MARKER_FINDERS)."""
+    m.MARKER_DEATHS.labels(found_by, marker).inc()
+
+
+@quietly
 def callback_outcome(kind: str, outcome: str) -> None:
     m.CALLBACKS.labels(kind, outcome).inc()
 
