@@ -4,7 +4,9 @@
 run a 1 s entry on a fresh PostgreSQL store; the leader is SIGKILLed, and two
 times are taken from the kill: until the standby holds the lease (polled every
 5 ms) and until its first run is in the broker queue.  The killed beat is
-started again, and the next kill waits until it is a live standby.
+started again, and the next kill waits until it is a live standby.  With
+``--marker lock`` the beats' process markers are cleared once they run, so the
+standby judges the leader by its advisory lock alone, as from another host.
 
 ``tick``: one scheduler in this process with N interval entries (none due):
 the first tick (taking the lead, registering N rows, reading them back) and the
@@ -13,6 +15,7 @@ claimed, published, and recorded sent).
 
     python benchmarks/beat.py takeover --kills 30
     python benchmarks/beat.py takeover --kills 5 --preset default
+    python benchmarks/beat.py takeover --kills 20 --preset default --marker lock
     python benchmarks/beat.py tick --entries 10000
 """
 
@@ -82,7 +85,18 @@ def _until(condition, timeout: float, poll: float = 0.005, what: str = ""):  # t
     raise SystemExit(f"timed out after {timeout}s waiting for {what}")
 
 
-def takeover(kills: int, preset: str | None) -> dict:
+def _forget_process_markers(store) -> None:  # type: ignore[no-untyped-def]
+    """Leave the beats' advisory locks as their only markers, as a standby on another host
+    sees them."""
+    from sqlalchemy import update
+
+    from celery_recovery.store.schema import jobs
+
+    with store.transaction() as conn:
+        conn.execute(update(jobs).where(jobs.c.job_type == "beat").values(process_marker=None))
+
+
+def takeover(kills: int, preset: str | None, marker: str = "auto") -> dict:
     import redis
 
     from celery_recovery.core.timeutils import utcnow
@@ -117,6 +131,8 @@ def takeover(kills: int, preset: str | None) -> dict:
             _until(
                 lambda p=pids: p <= live_beats() and holder_pid() in p, 60, 0.05, "two live beats"
             )
+            if marker == "lock":
+                _forget_process_markers(store)
             leader = next(b for b in beats if b.pid == holder_pid())
             standby = next(b for b in beats if b is not leader)
             _until(lambda: client.llen(queue) > 0, 30, 0.05, "a first run")
@@ -139,6 +155,7 @@ def takeover(kills: int, preset: str | None) -> dict:
         drop_database(database)
     return {
         "timings": preset or "tests (heartbeat 0.5 s, lease 1 s)",
+        "marker": "the advisory lock alone" if marker == "lock" else "process marker and lock",
         "kills": kills,
         "to_lease_p50_seconds": percentile(to_lease, 0.5),
         "to_lease_p99_seconds": percentile(to_lease, 0.99),
@@ -214,10 +231,20 @@ def main() -> None:
     t = sub.add_parser("takeover")
     t.add_argument("--kills", type=int, default=30)
     t.add_argument("--preset", choices=["default", "kubernetes", "aggressive"])
+    t.add_argument(
+        "--marker",
+        choices=["auto", "lock"],
+        default="auto",
+        help="lock: the standby sees the leader's advisory lock alone (as from another host)",
+    )
     k = sub.add_parser("tick")
     k.add_argument("--entries", type=int, default=10000)
     args = parser.parse_args()
-    result = takeover(args.kills, args.preset) if args.what == "takeover" else tick(args.entries)
+    result = (
+        takeover(args.kills, args.preset, args.marker)
+        if args.what == "takeover"
+        else tick(args.entries)
+    )
     print(json.dumps(result, indent=2))
 
 
