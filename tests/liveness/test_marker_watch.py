@@ -175,6 +175,11 @@ def test_a_workers_fallback_watches_the_markers_while_it_sweeps(
     timing = preset_settings(preset)
     env = {f"CELERY_RECOVERY_{k.upper()}": str(v) for k, v in timing.items()}
     client_app = make_client_app(store_url, **timing)
+    # The fallback's lease is held for the test until the survivor runs, then handed to
+    # it: the doomed worker, started first, would otherwise be the first to ask for it.
+    placeholder = "the test"
+    token = store.leases.acquire_lease(FALLBACK_LEASE, placeholder, utcnow(), ttl=120)
+    assert token is not None
     doomed = start_worker(name="doomed", concurrency=1, env=env)
     ledger = tmp_path / "ledger"
     result = client_app.send_task("lifecycle.ledger_sleep", (str(ledger), 60, 0.5))
@@ -183,13 +188,14 @@ def test_a_workers_fallback_watches_the_markers_while_it_sweeps(
     jobs = worker_jobs(store, 4)
     if marker == "lock":
         forget_process_markers(store, [job["id"] for job in jobs])
-    # The fallback's lease goes to the survivor's pool process, which sweeps for a prefork
-    # worker (the first to ask for it would otherwise be the doomed worker, started first).
+    # To the survivor's pool process, which sweeps for a prefork worker.
     (pool,) = [
         j for j in jobs if j["node_name"].startswith(f"{survivor.node}@") and j["parent_pid"]
     ]
     holder = f"{pool['node_name']}:{pool['pid']}"
-    assert store.leases.acquire_lease(FALLBACK_LEASE, holder, utcnow(), ttl=120) is not None
+    assert store.leases.take_over_lease(
+        FALLBACK_LEASE, holder, placeholder, token, utcnow(), ttl=120
+    )
     wait_for(
         lambda: store.checkins.last_completed(CLEAN_SWEEP) is not None,
         4 * timing["sweep_interval"] + 10,
