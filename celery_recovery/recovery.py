@@ -20,7 +20,7 @@ from celery_recovery.signals.reservations import ForgetReservationsOnReconnect
 from celery_recovery.signals.tasks import hook_task_classes
 from celery_recovery.store import Store
 from celery_recovery.sweeps.fallback import SweepFallback
-from celery_recovery.sweeps.marker_watch import MarkerWatch, start_marker_watch
+from celery_recovery.sweeps.marker_watch import MarkerWatch, start_marker_watch, stop_marker_watch
 from celery_recovery.sweeps.retention import register_clean_task
 from celery_recovery.sweeps.runner import run_sweep
 from celery_recovery.sweeps.tasks import register_sweep_task
@@ -143,7 +143,9 @@ class Recovery:
         return self.context.runtime.writer.flush(timeout)
 
     def close(self) -> None:
-        """Flush this process's records, end its job, and uninstall from the app."""
+        """Stop this installation's marker watch, flush this process's records, end its
+        job, and uninstall from the app."""
+        stop_marker_watch(self.context)
         self.context.close_runtime()
         uninstall(self.context)
         if self.app.__dict__.get(_ATTRIBUTE) is self:

@@ -63,7 +63,7 @@ class SweepFallback:
         if self._active and last is not None and last != self._own_completion:
             # Someone else (beat back, or another fallback) finished a sweep.
             self._active = False
-            stop_marker_watch()
+            stop_marker_watch(self.context)
         if not self._active:
             if last is not None and (now - last).total_seconds() < allowed:
                 return
@@ -73,7 +73,7 @@ class SweepFallback:
         token = store.leases.acquire_lease(LEASE, self.holder, now, ttl=allowed)
         if token is None:
             if self._active:
-                stop_marker_watch()
+                stop_marker_watch(self.context)
             self._active = False
             return
         if not self._active:

@@ -174,24 +174,30 @@ class MarkerWatch:
         run_sweep(self.context)
 
 
-_watch: MarkerWatch | None = None
+#: This process's watches, one per installation (by its context's id).
+_watches: dict[int, MarkerWatch] = {}
 _watch_lock = threading.Lock()
 
 
 def start_marker_watch(
     context: RecoveryContext, on_deaths: Callable[[], Any] | None = None
 ) -> MarkerWatch | None:
-    """Start this process's watch (one per process); None when markers are off."""
-    global _watch
+    """Start ``context``'s watch in this process (one per installation, the first caller's
+    ``on_deaths``); None when markers are off."""
     if context.settings.liveness_markers == "off":
         return None
     with _watch_lock:
-        if _watch is None or _watch.pid != os.getpid() or _watch.context is not context:
-            _watch = MarkerWatch(context, on_deaths)
-        return _watch.start()
+        watch = _watches.get(id(context))
+        if watch is None or watch.pid != os.getpid() or watch.context is not context:
+            watch = _watches[id(context)] = MarkerWatch(context, on_deaths)
+        return watch.start()
 
 
-def stop_marker_watch() -> None:
+def stop_marker_watch(context: RecoveryContext) -> None:
+    """Stop ``context``'s watch in this process, if one runs (a look under way ends first)."""
     with _watch_lock:
-        if _watch is not None and _watch.pid == os.getpid():
-            _watch.stop()
+        watch = _watches.get(id(context))
+        if watch is None or watch.context is not context or watch.pid != os.getpid():
+            return
+        del _watches[id(context)]
+    watch.stop()

@@ -21,6 +21,7 @@ from celery_recovery.store.schema import jobs
 from celery_recovery.sweeps.marker_watch import MarkerWatch
 from tests.builders import add_job
 from tests.telemetry.scrape import local
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.compat
 
@@ -137,3 +138,20 @@ def test_a_lock_the_watch_never_saw_held_is_left_to_the_heartbeat(context, store
     for at in (0.0, 0.5, 1.0, 2.0, 5.0):
         assert watch.look(at=at) == 0
     assert state(store, job) == JobState.RUNNING
+
+
+def test_each_installation_watches_with_its_own_store_and_closing_it_stops_its_watch(
+    make_client_app, sqlite_url, tmp_path
+):
+    # Two apps with celery-recovery in one process (each its own store): two watches.
+    first = recovery_for_app(make_client_app(sqlite_url, **TIMING))
+    second = recovery_for_app(make_client_app(f"sqlite:///{tmp_path / 'other.sqlite3'}", **TIMING))
+    a, b = first.watch_markers(), second.watch_markers()
+    assert a is not None and b is not None and a is not b
+    assert (a.context, b.context) == (first.context, second.context)
+    assert first.watch_markers() is a, "one watch per installation"
+    assert a.running and b.running
+
+    first.close()
+    wait_for(lambda: not a._thread.is_alive(), 5, what="the closed installation's watch to end")
+    assert b.running, "the other installation's watch goes on"
