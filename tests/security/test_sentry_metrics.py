@@ -75,6 +75,8 @@ def test_metric_labels_are_a_fixed_vocabulary_without_secrets(make_client_app, s
         *definitions.BEAT_LEAD_CHANGES_KINDS,
         *definitions.BEAT_RUN_OUTCOMES,
         *definitions.SWEEP_STEPS,
+        *definitions.MARKER_FINDERS,
+        *definitions.MARKERS,
     }
     for line in exposition.splitlines():
         if not line.startswith(definitions.PREFIX):
