@@ -106,6 +106,9 @@ def create_app(
             "visibility_timeout": visibility_timeout,
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
+            # A worker SIGKILLed during its restore pass leaves kombu's restore mutex held
+            # until it expires (300 s by default): no restore at all for the test's length.
+            "unacked_mutex_expire": 5,
         }
     _register_tasks(app)
     canvas_tasks.register(app)
