@@ -141,13 +141,13 @@ def _record_hard_limit(
     callback = worker_callback_row(
         request.task_name,
         context_,
-        "failure",
-        limit,
-        TimeLimitExceeded.__name__,
-        request.args,
-        request.kwargs,
-        done,
-        now,
+        kind="failure",
+        reason=limit,
+        exception=TimeLimitExceeded.__name__,
+        args=request.args,
+        kwargs=request.kwargs,
+        done=done,
+        now=now,
     )
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 

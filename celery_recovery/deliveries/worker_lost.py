@@ -156,7 +156,15 @@ def record_lost_process(
     # Celery stored the outcome (as the result settings say) and sent the signal.
     done: list[str] = [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL]
     callback = worker_callback_row(
-        task.name, request, "failure", reason, WorkerLostError.__name__, args, kwargs, done, now
+        task.name,
+        request,
+        kind="failure",
+        reason=reason,
+        exception=WorkerLostError.__name__,
+        args=args,
+        kwargs=kwargs,
+        done=done,
+        now=now,
     )
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 
@@ -321,13 +329,22 @@ def _callback_row(
     now: datetime,
 ) -> OutboxRow:
     return worker_callback_row(
-        task.name, task.request, kind, reason, WorkerLostError.__name__, args, kwargs, done, now
+        task.name,
+        task.request,
+        kind=kind,
+        reason=reason,
+        exception=WorkerLostError.__name__,
+        args=args,
+        kwargs=kwargs,
+        done=done,
+        now=now,
     )
 
 
 def worker_callback_row(
     task_name: str,
     request: Any,
+    *,
     kind: CallbackKind,
     reason: str,
     exception: str,
