@@ -155,17 +155,7 @@ def record_lost_process(
     )
     # Celery stored the outcome (as the result settings say) and sent the signal.
     done: list[str] = [CallbackStep.RESULT_BACKEND, CallbackStep.FAILURE_SIGNAL]
-    callback = worker_callback_row(
-        task.name,
-        request,
-        kind="failure",
-        reason=reason,
-        exception=WorkerLostError.__name__,
-        args=args,
-        kwargs=kwargs,
-        done=done,
-        now=now,
-    )
+    callback = _callback_row(task, request, "failure", reason, args, kwargs, done, now)
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 
 
@@ -218,7 +208,7 @@ def record_lost_retry(context: RecoveryContext, task: Any, reason: Any) -> None:
     # Celery already published the next try and called on_retry: the listeners remain.
     text = f"its pool process died ({reason})"
     done: list[str] = [CallbackStep.ON_RETRY]
-    callback = _callback_row(task, "retry", text, request.args, request.kwargs, done, now)
+    callback = _callback_row(task, request, "retry", text, request.args, request.kwargs, done, now)
     context.runtime.write(WriteKind.OUTBOXED, OutboxedTransition(change, callback))
 
 
@@ -280,8 +270,9 @@ def _fail(context: RecoveryContext, task: Any, reason: str) -> bool:
     now = utcnow()
     change = _ending(task, (TaskState.RUNNING,), TaskState.FAILED, reason, now)
     change.values["error"] = f"WorkerLostError: {reason}"
+    done: list[str] = [CallbackStep.RESULT_BACKEND]
     callback = _callback_row(
-        task, "failure", reason, request.args, request.kwargs, [CallbackStep.RESULT_BACKEND], now
+        task, request, "failure", reason, request.args, request.kwargs, done, now
     )
     try:
         won = context.store.tries.apply_outboxed([OutboxedTransition(change, callback)]) == 1
@@ -321,6 +312,7 @@ def _ending(
 
 def _callback_row(
     task: Any,
+    request: Any,
     kind: CallbackKind,
     reason: str,
     args: Any,
@@ -328,9 +320,10 @@ def _callback_row(
     done: list[str],
     now: datetime,
 ) -> OutboxRow:
+    """The outbox row of a try whose pool process died (``request``: its context)."""
     return worker_callback_row(
         task.name,
-        task.request,
+        request,
         kind=kind,
         reason=reason,
         exception=WorkerLostError.__name__,
