@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT)]
 
-from benchmarks.beat import percentile  # noqa: E402
+from benchmarks.beat import _until, percentile  # noqa: E402
 from benchmarks.throughput import PG_ADMIN, create_database, drop_database  # noqa: E402
 from benchmarks.triggerer import BACKEND, BROKER, seed  # noqa: E402
 
@@ -53,16 +53,6 @@ def _triggerer(store_url: str, preset: str, log: Path) -> subprocess.Popen:
             command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-
-
-def _until(condition, timeout: float, poll: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(poll)
-    raise SystemExit(f"timed out after {timeout}s waiting for {what}")
 
 
 def takeover(kills: int, n: int, preset: str, marker: str) -> dict:
